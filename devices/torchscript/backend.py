@@ -1,0 +1,136 @@
+"""The TorchScript backend (LTC's `TSBackendImpl`): CPU and CUDA devices.
+
+Values are plain `torch.Tensor`s on the backing device.  A compiled graph is a TorchScript
+function made from the lowered `torch._C.Graph`; calling it releases the GIL, so device workers
+run concurrently with tracing and with each other.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from ltc_async.backend import Backend, Computation
+from ltc_async.ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+
+from .lowering import IN_GENERATOR, IN_SCALAR, TSLowering
+
+_lower_ok: dict[tuple, bool] = {}
+_lower_lock = threading.Lock()
+
+
+class TSComputation(Computation):
+    def __init__(self, graph: torch._C.Graph, input_kinds: list[int], device: torch.device) -> None:
+        self.graph = graph
+        self.backend_text = str(graph)
+        self.fn = torch._C._create_function_from_graph("ltc_graph", graph)
+        self.device = device
+        self.gen_slots = [i for i, k in enumerate(input_kinds) if k == IN_GENERATOR]
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.gen_slots:
+            inputs = list(inputs)
+            for i in self.gen_slots:
+                g = torch.Generator(self.device)
+                g.manual_seed(inputs[i])
+                inputs[i] = g
+        return list(self.fn(*inputs))
+
+
+def _kind(e: Any) -> Any:
+    """A template entry reduced to what decides TorchScript overload resolution."""
+    if type(e) is tuple and e and type(e[0]) is Tag:
+        if e[0] is TENSOR_LIST:
+            return ("L", any(r is None for r in e[1]))
+        return (e[0].name, e[2]) if e[0] is SCALAR else e[0].name
+    return type(e)
+
+
+class TorchScriptBackend(Backend):
+    name = "torchscript"
+
+    def parse_device(self, entry: str) -> torch.device:
+        try:
+            d = torch.device(entry.strip())
+        except (RuntimeError, TypeError):
+            raise ValueError(f"bad ltc_async device entry {entry!r}: expected 'cpu' or 'cuda:N'") from None
+        if d.type == "cpu":
+            return torch.device("cpu")
+        if d.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            index = 0 if d.index is None else d.index
+            if index >= n:
+                raise ValueError(f"bad ltc_async device entry {entry!r}: this machine has {n} CUDA "
+                                 f"device(s)")
+            return torch.device("cuda", index)
+        raise ValueError(f"bad ltc_async device entry {entry!r}: the torchscript backend supports "
+                         "'cpu' and 'cuda:N'")
+
+    def default_devices(self) -> list[str]:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+
+    def upload(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if device.type == "cuda" and tensor.device.type == "cpu":
+            src = tensor if tensor.is_pinned() else tensor.pin_memory()
+            out = src.to(device, non_blocking=True)
+            torch.cuda.current_stream(device).synchronize()  # the source may be freed/modified next
+            return out
+        return tensor.to(device, copy=True)
+
+    def to_torch(self, value: Any) -> torch.Tensor:
+        return value
+
+    def compile(self, order: list[Node], roots: list[tuple[Node, int]], device: torch.device) -> Computation:
+        lowering = TSLowering(device)
+        graph = lowering.lower(order, roots)
+        return TSComputation(graph, lowering.input_kinds, device)
+
+    def can_lower(self, node: Node) -> bool:
+        key = (node.op, tuple(_kind(e) for e in node.template))
+        ok = _lower_ok.get(key)
+        if ok is None:
+            ok = _check_lowering(node)
+            with _lower_lock:
+                _lower_ok[key] = ok
+        return ok
+
+    def synchronize(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def worker_init(self, device: torch.device, threads: int) -> None:
+        if device.type == "cpu" and threads > 0:
+            torch.set_num_threads(threads)
+        elif device.type == "cuda":
+            torch.cuda.set_device(device)
+
+
+def _check_lowering(node: Node) -> bool:
+    """Does TorchScript resolve this node to the same overload?  (Once per op signature.)"""
+    lowering = TSLowering(torch.device("cpu"))
+    operands = [lowering.input(torch._C.TensorType.get(), 0) for _ in node.operands]
+    try:
+        outs_node = lowering.emit(node, operands)
+        del outs_node
+        n = [x for x in lowering.graph.nodes() if x.kind() == node.op._schema.name][-1]
+        schema = n.schema()
+    except Exception:  # noqa: BLE001 - any failure means "cannot lower"
+        return False
+    if schema == "(no schema)":
+        return False
+    want = node.op._schema
+    overload = want.overload_name
+    got = schema.split("(")[0]
+    if got == want.name + ("." + overload if overload else ""):
+        return True
+    # A Python number in a Tensor slot (`x * 0.5` is `mul.Tensor` with a wrapped number)
+    # resolves to the `.Scalar` twin, which wraps the number the same way.
+    wrapped = any(type(e) is tuple and e and e[0] is SCALAR and _is_tensor_arg(want, k)
+                  for k, e in enumerate(node.template))
+    return wrapped and got.split(".")[0] == want.name
+
+
+def _is_tensor_arg(schema: torch._C.FunctionSchema, k: int) -> bool:
+    return isinstance(schema.arguments[k].type, torch._C.TensorType)

@@ -1,0 +1,115 @@
+"""Lowering IR to a TorchScript graph (LTC's `TSLoweringContext` + `ts_node_lowering`).
+
+Every IR node becomes one `aten::` node of a `torch._C.Graph`: TorchScript resolves the overload
+from the argument types, so the lowering is generic; only argument *values* need translating
+(lazy devices -> backing device, tuples -> lists, memory formats -> ints).  Graph inputs follow
+`Backend.compile`'s order: device data, then each node's runtime scalars / RNG seeds.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._C import BoolType, FloatType, IntType, ListType, OptionalType, TensorType
+
+from ltc_async.ir.node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+
+_TENSOR = TensorType.get()
+_GEN = torch._C._GeneratorType.get()
+_SCALAR_JIT = {float: FloatType.get(), int: IntType.get(), bool: BoolType.get()}
+_ENUMS = {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2,
+          torch.channels_last_3d: 3, torch.strided: 0, torch.sparse_coo: 1}
+
+# Input kinds recorded for `execute`.
+IN_TENSOR, IN_SCALAR, IN_GENERATOR = 0, 1, 2
+
+
+class TSLowering:
+    """Builds one `torch._C.Graph` from a post-ordered IR graph."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.graph = torch._C.Graph()
+        self.input_kinds: list[int] = []
+
+    def constant(self, v: Any) -> torch._C.Value:
+        if isinstance(v, torch.device):
+            v = self.device if v.type == "ltc" else v
+        elif isinstance(v, tuple):
+            v = [self._plain(e) for e in v]
+        else:
+            v = self._plain(v)
+        return self.graph.insertConstant(v)
+
+    def _plain(self, v: Any) -> Any:
+        if isinstance(v, (torch.memory_format, torch.layout)):
+            return _ENUMS[v]
+        return v
+
+    def input(self, jit_type: torch._C.JitType, kind: int) -> torch._C.Value:
+        v = self.graph.addInput()
+        v.setType(jit_type)
+        self.input_kinds.append(kind)
+        return v
+
+    def emit(self, node: Node, operand_values: list[torch._C.Value]) -> list[torch._C.Value]:
+        """Insert the aten node for `node`; return its flattened tensor outputs."""
+        g = self.graph
+        scalar_vals: dict[int, torch._C.Value] = {}
+        for e in node.template:  # scalar inputs in index order == template order
+            if type(e) is tuple and e:
+                if e[0] is SCALAR:
+                    scalar_vals[e[1]] = self.input(_SCALAR_JIT[e[2]], IN_SCALAR)
+                elif e[0] is RNG:
+                    scalar_vals[e[1]] = self.input(OptionalType(_GEN), IN_GENERATOR)
+        args = []
+        for e in node.template:
+            if type(e) is tuple and e and type(e[0]) is Tag:
+                tag = e[0]
+                if tag is TENSOR:
+                    args.append(operand_values[e[1]])
+                elif tag is TENSOR_LIST:
+                    has_none = any(r is None for r in e[1])
+                    items = [g.insertConstant(None) if r is None else operand_values[r] for r in e[1]]
+                    lc = g.create("prim::ListConstruct", items, 1)
+                    g.insertNode(lc)
+                    lc.output().setType(ListType(OptionalType(_TENSOR)) if has_none else ListType.ofTensors())
+                    args.append(lc.output())
+                else:  # SCALAR / RNG
+                    args.append(scalar_vals[e[1]])
+            else:
+                args.append(self.constant(e))
+        schema = node.op._schema
+        n = g.create(schema.name, args, len(schema.returns))
+        g.insertNode(n)
+        outs: list[torch._C.Value] = []
+        for r, spec in enumerate(node.out_spec):
+            v = n.outputsAt(r)
+            if spec is None:
+                v.setType(_TENSOR)
+                outs.append(v)
+            elif spec is False:
+                v.setType(OptionalType(_TENSOR))
+            else:
+                v.setType(ListType.ofTensors())
+                un = g.create("prim::ListUnpack", [v], spec)
+                g.insertNode(un)
+                for o in un.outputs():
+                    o.setType(_TENSOR)
+                    outs.append(o)
+        return outs
+
+    def lower(self, order: list[Node], roots: list[tuple[Node, int]]) -> torch._C.Graph:
+        env: dict[int, list[torch._C.Value]] = {}
+        for node in order:
+            if node.op is DEVICE_DATA:
+                env[id(node)] = [self.input(_TENSOR, IN_TENSOR)]
+            else:
+                env[id(node)] = self.emit(node, [env[id(o)][i] for o, i in node.operands])
+        outs = [env[id(n)][i] for n, i in roots]
+        g = self.graph
+        tup = g.create("prim::TupleConstruct", outs, 1)
+        g.insertNode(tup)
+        tup.output().setType(torch._C.TupleType([_TENSOR] * len(outs)))
+        g.registerOutput(tup.output())
+        return g

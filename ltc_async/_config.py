@@ -1,0 +1,37 @@
+"""Tunables, read from `LTC_ASYNC_*` environment variables (LTC's `torch_lazy_*` flags)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+@dataclass
+class Config:
+    #: backend package under `ltc_async_devices` (the repository's `devices/` folder)
+    backend: str = field(default_factory=lambda: os.environ.get("LTC_ASYNC_BACKEND", "torchscript"))
+    #: backend device entries ("cpu", "cuda:0", ...); None means the backend's default
+    devices: list[str] | None = field(default_factory=lambda: (
+        [d.strip() for d in os.environ["LTC_ASYNC_DEVICES"].split(",")]
+        if os.environ.get("LTC_ASYNC_DEVICES") else None))
+    #: compiled graphs kept in the LRU computation cache
+    compile_cache_size: int = field(default_factory=lambda: _env_int("LTC_ASYNC_COMPILE_CACHE_SIZE", 1024))
+    #: executions a device may have queued before `mark_step` waits (bounds memory when the
+    #: host traces faster than the device runs)
+    max_inflight: int = field(default_factory=lambda: _env_int("LTC_ASYNC_MAX_INFLIGHT", 4))
+    #: record the user source line of every IR node (costs a few microseconds per op)
+    ir_debug: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_IR_DEBUG", 0) != 0)
+    #: intra-op threads for each CPU device worker (0: torch's default split, see README)
+    cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
+
+
+config = Config()

@@ -1,0 +1,75 @@
+"""The backend seam (LTC's `BackendImplInterface`): what a device backend must provide.
+
+The core never imports a concrete backend; `ltc_async.executor.arena` loads one by name from
+the `ltc_async_devices` package (the repository's `devices/` folder).  A backend deals in
+*values*: whatever object holds a tensor's data on its device (for TorchScript, a
+`torch.Tensor` on the backing `torch.device`).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import torch
+
+from .ir.node import Node
+
+
+class Computation(ABC):
+    """A compiled graph.  `execute` runs on a device worker thread."""
+
+    #: the backend's text of the graph (`ltc.debug.dump_ir(..., fmt="backend")`)
+    backend_text: str = ""
+
+    @abstractmethod
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        """Run with `inputs` in graph-input order; return one value per graph output."""
+
+
+class Backend(ABC):
+    """A family of backend devices (one instance per process)."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def parse_device(self, entry: str) -> torch.device:
+        """Validate a configuration entry ("cpu", "cuda:1") and return its `torch.device`.
+
+        Raises `ValueError` naming the entry when it is malformed or not available here.
+        """
+
+    @abstractmethod
+    def default_devices(self) -> list[str]:
+        """Entries used when none are configured."""
+
+    @abstractmethod
+    def upload(self, tensor: torch.Tensor, device: torch.device) -> Any:
+        """Copy a host tensor to the device; the result must not alias `tensor`."""
+
+    @abstractmethod
+    def to_torch(self, value: Any) -> torch.Tensor:
+        """A `torch.Tensor` on the backing device holding `value` (may alias it: read-only)."""
+
+    def from_torch(self, tensor: torch.Tensor, device: torch.device) -> Any:
+        """Adopt a tensor already on the backing device (eager-fallback results)."""
+        return tensor
+
+    @abstractmethod
+    def compile(self, order: list[Node], roots: list[tuple[Node, int]],
+                device: torch.device) -> Computation:
+        """Lower the post-ordered graph `order` producing `roots` and compile it.
+
+        Graph inputs, in order: each DEVICE_DATA node's value, and each op node's runtime
+        scalars / RNG seeds (`node.scalars`) in post-order.
+        """
+
+    def can_lower(self, node: Node) -> bool:
+        """Whether `node` (trace time, before its inputs exist) can be compiled; False sends
+        the op to the eager fallback."""
+        return True
+
+    def synchronize(self, device: torch.device) -> None:
+        """Block until asynchronous device work issued by this thread has finished."""
+
+    def worker_init(self, device: torch.device, threads: int) -> None:
+        """Called on each device worker thread when it starts."""

@@ -1,0 +1,107 @@
+"""The set of lazy devices: created on first use from `ltc.init(...)` / `LTC_ASYNC_DEVICES`."""
+from __future__ import annotations
+
+import atexit
+import importlib
+import threading
+
+import torch
+
+from .._config import config
+from ..backend import Backend
+from .device import DeviceContext
+
+_lock = threading.RLock()
+_contexts: list[DeviceContext] | None = None
+_backend: Backend | None = None
+
+
+def load_backend(name: str) -> Backend:
+    """Find a backend by name: the module `ltc_async_devices.<name>` exposes `Backend`."""
+    try:
+        mod = importlib.import_module(f"ltc_async_devices.{name}")
+    except ModuleNotFoundError as e:
+        raise ValueError(f"unknown ltc_async backend {name!r} (no module ltc_async_devices.{name})") from e
+    return mod.Backend()
+
+
+def init(devices: list[str] | None = None, backend: str | None = None) -> list[torch.device]:
+    """Configure the lazy devices (before first use).
+
+    `devices` lists backend device entries ("cpu", "cuda:1"); several "cpu" entries give
+    independent virtual CPU devices.  Raises `ValueError` naming a bad entry, and
+    `RuntimeError` if devices are already in use with a different configuration.
+    """
+    global _contexts, _backend
+    with _lock:
+        be = load_backend(backend or config.backend)
+        entries = list(devices) if devices is not None else (config.devices or be.default_devices())
+        if not entries:
+            raise ValueError("ltc_async needs at least one device entry")
+        parsed = [be.parse_device(e) for e in entries]
+        if _contexts is not None:
+            if [c.backend_device for c in _contexts] == parsed and type(_backend) is type(be):
+                return [c.device for c in _contexts]
+            raise RuntimeError("ltc_async devices are already in use; call ltc.init() before the "
+                               "first lazy tensor is created")
+        n_cpu = sum(1 for d in parsed if d.type == "cpu")
+        threads = config.cpu_threads or max(1, torch.get_num_threads() // max(1, n_cpu))
+        _backend = be
+        _contexts = [DeviceContext(i, be, d, threads) for i, d in enumerate(parsed)]
+        for c in _contexts:
+            c.inflight = threading.BoundedSemaphore(max(1, config.max_inflight))
+        return [c.device for c in _contexts]
+
+
+def contexts() -> list[DeviceContext]:
+    if _contexts is None:
+        init()
+    assert _contexts is not None
+    return _contexts
+
+
+def get(device: torch.device | str | int | None) -> DeviceContext:
+    """The context of a lazy device (`None`: ltc:0)."""
+    ctxs = _contexts if _contexts is not None else contexts()
+    if device is None:
+        return ctxs[0]
+    if isinstance(device, int):
+        index = device
+    else:
+        if not isinstance(device, torch.device):
+            device = torch.device(device)
+        if device.type != "ltc":
+            raise ValueError(f"{device} is not a lazy device (expected 'ltc:N')")
+        index = 0 if device.index is None else device.index
+    if not 0 <= index < len(ctxs):
+        raise ValueError(f"ltc:{index} does not exist: configured lazy devices are "
+                         f"{', '.join(str(c.device) for c in ctxs)}")
+    return ctxs[index]
+
+
+def resolve(devices) -> list[DeviceContext]:
+    """`None` -> all devices; a device / list of devices -> their contexts."""
+    if devices is None:
+        return list(contexts())
+    if isinstance(devices, (str, int, torch.device)):
+        return [get(devices)]
+    return [get(d) for d in devices]
+
+
+def backend() -> Backend:
+    contexts()
+    assert _backend is not None
+    return _backend
+
+
+def _shutdown() -> None:
+    """PrepareToExit: let queued work finish (bounded), then stop the workers."""
+    if _contexts is None:
+        return
+    for c in _contexts:
+        c.wait(timeout=10.0)
+    for c in _contexts:
+        c.worker.stop(timeout=1.0)
+
+
+atexit.register(_shutdown)

@@ -1,0 +1,104 @@
+"""What the generic op path needs to know about an aten op, read once from its schema.
+
+This is ltc_async's answer to LTC's torchgen `LazyIrSchema`: instead of generating one IR class
+per op, every `OpOverload._schema` is read once into an `OpInfo` that says which arguments are
+tensors (operands), which are scalars (runtime inputs), which are generators (RNG seeds) and
+which are constants (node attributes), and how to bind a call's `args`/`kwargs` to them.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+# Argument kinds.
+CONST, TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR, GENERATOR = range(6)
+_NO_DEFAULT = object()
+
+
+def _arg_kind(t: torch._C.JitType) -> int:
+    if isinstance(t, torch._C.TensorType):
+        return TENSOR
+    if isinstance(t, torch._C.OptionalType):
+        inner = t.getElementType()
+        if isinstance(inner, torch._C.TensorType):
+            return OPT_TENSOR
+        if isinstance(inner, torch._C._GeneratorType):
+            return GENERATOR
+        if isinstance(inner, torch._C.NumberType):
+            return CONST  # Scalar? (clamp min/max, ...): constant, None-able
+        if isinstance(inner, torch._C.ListType) and isinstance(inner.getElementType(), torch._C.TensorType):
+            return TENSOR_LIST
+        return CONST
+    if isinstance(t, torch._C.ListType):
+        el = t.getElementType()
+        if isinstance(el, torch._C.TensorType) or (
+            isinstance(el, torch._C.OptionalType) and isinstance(el.getElementType(), torch._C.TensorType)
+        ):
+            return TENSOR_LIST
+        return CONST
+    if isinstance(t, torch._C.NumberType):
+        return SCALAR
+    if isinstance(t, torch._C._GeneratorType):
+        return GENERATOR
+    return CONST
+
+
+class OpInfo:
+    """Schema facts about one `OpOverload`, cached (see `op_info`)."""
+
+    __slots__ = ("op", "name", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
+                 "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded",
+                 "dynamic_shape", "view_op", "is_inplace_or_out")
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        schema = op._schema
+        self.op = op
+        self.name = schema.name.split("::")[-1] + ("." + schema.overload_name if schema.overload_name else "")
+        self.arg_names = tuple(a.name for a in schema.arguments)
+        self.kinds = tuple(_arg_kind(a.type) for a in schema.arguments)
+        self.defaults = tuple(a.default_value if a.has_default_value() else _NO_DEFAULT
+                              for a in schema.arguments)
+        self.n_positional_max = sum(1 for a in schema.arguments if not a.kwarg_only)
+        self.index_of = {a.name: i for i, a in enumerate(schema.arguments)}
+        rets = []
+        for r in schema.returns:
+            k = _arg_kind(r.type)
+            rets.append(k)
+        self.returns = tuple(rets)
+        self.returns_only_tensors = bool(rets) and all(k in (TENSOR, TENSOR_LIST) for k in rets)
+        self.is_factory = not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST) for k in self.kinds)
+        self.has_generator = GENERATOR in self.kinds
+        tags = op.tags
+        self.seeded = torch.Tag.nondeterministic_seeded in tags
+        self.dynamic_shape = torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags
+        self.is_inplace_or_out = schema.is_mutable
+        # For `x_copy` ops produced by functionalization, the view op `x` gives eager's strides.
+        base = schema.name.split("::")[-1]
+        self.view_op = None
+        if base.endswith("_copy") and base not in ("_copy", "copy"):
+            packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
+            if packet is not None:
+                self.view_op = getattr(packet, schema.overload_name or "default", None)
+
+    def bind(self, args: tuple, kwargs: dict) -> list[Any]:
+        """Full argument list in schema order, defaults filled in."""
+        n = len(self.kinds)
+        if len(args) == n:
+            return list(args)
+        full = list(args)
+        defaults = self.defaults
+        for i in range(len(args), n):
+            v = kwargs.get(self.arg_names[i], _NO_DEFAULT) if kwargs else _NO_DEFAULT
+            if v is _NO_DEFAULT:
+                v = defaults[i]
+                if v is _NO_DEFAULT:
+                    raise TypeError(f"{self.name}() missing argument '{self.arg_names[i]}'")
+            full.append(v)
+        return full
+
+
+@functools.lru_cache(maxsize=None)
+def op_info(op: torch._ops.OpOverload) -> OpInfo:
+    return OpInfo(op)

@@ -1,0 +1,98 @@
+"""Counters and timed metrics, mirroring `torch._lazy.metrics` (LTC's `metrics.cpp`).
+
+Counters are plain integers bumped on the hot path (one dict operation, no lock: CPython's GIL
+makes `d[k] = d.get(k, 0) + n` lose at most a count under contention, which is acceptable for
+observability and far cheaper than a lock per traced op).  Metrics keep a count, a sum and the
+most recent samples.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["counter_names", "counter_value", "metric_names", "metric_data", "reset", "report",
+           "counter", "timed"]
+
+_MAX_SAMPLES = 1024
+_counters: dict[str, int] = {}
+_metrics: dict[str, list] = {}  # name -> [count, sum, deque(samples)]
+_metrics_lock = threading.Lock()
+
+
+def counter(name: str, n: int = 1) -> None:
+    """Add `n` to the counter `name`."""
+    _counters[name] = _counters.get(name, 0) + n
+
+
+def add_sample(name: str, value: float) -> None:
+    with _metrics_lock:
+        m = _metrics.get(name)
+        if m is None:
+            m = _metrics[name] = [0, 0.0, collections.deque(maxlen=_MAX_SAMPLES)]
+        m[0] += 1
+        m[1] += value
+        m[2].append(value)
+
+
+@contextmanager
+def timed(name: str) -> Iterator[None]:
+    """Record the wall time of the block, in seconds, as a sample of metric `name`."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        add_sample(name, time.perf_counter() - t0)
+
+
+def counter_names() -> list[str]:
+    return sorted(k for k, v in list(_counters.items()) if v)
+
+
+def counter_value(name: str) -> int | None:
+    """The counter's value, or None if it never counted."""
+    v = _counters.get(name)
+    return v if v else None
+
+
+def metric_names() -> list[str]:
+    with _metrics_lock:
+        return sorted(_metrics)
+
+
+def metric_data(name: str) -> tuple[int, float, list[float]] | None:
+    """(count, sum, recent samples) of a metric, in seconds for timings; None if never recorded."""
+    with _metrics_lock:
+        m = _metrics.get(name)
+        return None if m is None else (m[0], m[1], list(m[2]))
+
+
+def reset() -> None:
+    """Forget all counters and metrics."""
+    _counters.clear()
+    with _metrics_lock:
+        _metrics.clear()
+
+
+def _fmt_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f}s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f}ms"
+    return f"{s * 1e6:.1f}us"
+
+
+def report() -> str:
+    """A human-readable summary of every metric and counter."""
+    lines = []
+    with _metrics_lock:
+        items = [(k, v[0], v[1], sorted(v[2])) for k, v in sorted(_metrics.items())]
+    for name, count, total, samples in items:
+        med = samples[len(samples) // 2] if samples else 0.0
+        lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {_fmt_time(total)}\n"
+                     f"  Median (recent): {_fmt_time(med)}")
+    for name in counter_names():
+        lines.append(f"Counter: {name}\n  Value: {_counters[name]}")
+    return "\n".join(lines) + ("\n" if lines else "")

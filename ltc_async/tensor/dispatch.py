@@ -1,0 +1,433 @@
+"""The one op path: every aten call that reaches an `LtcTensor` becomes an IR node here.
+
+Design note.  LTC generates a C++ IR class and kernel per op with torchgen; ltc_async reads each
+op's schema once (`ir/schema.py`) and traces every op through `trace()`:
+
+1. bind args to the schema; tensors become operands, Python numbers in Scalar/Tensor slots
+   become runtime scalars (keyed by type only), `Generator?` slots get a per-device seed,
+   everything else is a constant;
+2. shape inference runs the op on `meta` tensors, cached by (op, template, input metas), so a
+   shape error raises *here*, at the user's line, and a repeated op costs one dict lookup;
+3. ops the backend cannot lower, or that have no meta kernel, run eagerly on the host
+   (`EagerFallback`); ops returning non-tensors (`.item()`, `bool(t)`) sync their inputs
+   (`DataDependentSync`).
+
+A few ops need explicit handlers (`_SPECIAL`): device transfers (`_to_copy`, `copy`) and ops
+that are the identity on immutable values (`detach_copy`, `alias_copy`, `clone`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import metrics
+from .._config import config
+from ..executor import arena
+from ..executor import graph_executor as gx
+from ..executor.device import DeviceContext, caller_location
+from ..executor.futures import BackendData
+from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, TensorMeta, make_data_node
+from ..ir.schema import CONST, GENERATOR, OPT_TENSOR, OpInfo, op_info
+from ..ir.schema import SCALAR as K_SCALAR
+from ..ir.schema import TENSOR as K_TENSOR
+from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
+from . import lazy_tensor
+from .lazy_tensor import LtcTensor, make_tensor
+
+aten = torch.ops.aten
+_FALLBACK = "fallback"                 # shape-cache value: run this signature eagerly
+_shape_cache: dict[tuple, Any] = {}    # (op, template, input metas) -> (metas, out_spec) | _FALLBACK
+_counter_names: dict[Any, str] = {}
+_SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
+_META = torch.device("meta")
+
+
+def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
+    handler = _SPECIAL.get(func)
+    if handler is not None:
+        return handler(func, args, kwargs or {})
+    info = op_info(func)
+    name = _counter_names.get(func)
+    if name is None:
+        name = _counter_names[func] = "ltc::" + info.name.split(".")[0]
+    metrics.counter(name)
+    if not info.returns_only_tensors:
+        return host_op(func, info, args, kwargs or {})
+    if info.is_inplace_or_out:
+        raise RuntimeError(f"ltc_async: the mutating op {info.name} reached the lazy backend; "
+                           "lazy tensors are expected to be functionalized (use tensors created "
+                           "by ltc_async, not bare LtcTensor objects)")
+    full = info.bind(args, kwargs) if (kwargs or len(args) != len(info.kinds)) else list(args)
+    return trace(func, info, full)
+
+
+lazy_tensor._dispatch = dispatch
+
+
+def _device_mismatch(a: DeviceContext, b: DeviceContext, op: str) -> RuntimeError:
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                        f"devices, {a.device} and {b.device}! (when checking arguments for {op})")
+
+
+def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None) -> Any:
+    """Record `func(*full)` as an IR node and return lazy tensors for its outputs."""
+    operands: list[tuple[Node, int]] = []
+    template: list[Any] = []
+    scalars: list[Any] = []
+    ctx: DeviceContext | None = None
+    uploads: list[tuple[int, int | None, torch.Tensor]] | None = None  # (template pos, list pos, tensor)
+    kinds = info.kinds
+    for i, v in enumerate(full):
+        k = kinds[i]
+        if k == CONST:
+            tv = type(v)
+            if tv is list:
+                v = tuple(v)
+            elif tv is torch.device and v.type == "ltc" and ctx is None and info.is_factory:
+                ctx = arena.get(v)
+            template.append(v)
+        elif k == K_TENSOR or k == OPT_TENSOR:
+            if type(v) is LtcTensor:
+                c = v._ctx
+                if c is not ctx:
+                    if ctx is None:
+                        ctx = c
+                    else:
+                        raise _device_mismatch(ctx, c, info.name)
+                template.append((TENSOR, len(operands)))
+                operands.append((v._node, v._idx))
+            elif v is None:
+                template.append(None)
+            elif isinstance(v, torch.Tensor):
+                if v.dim() != 0 and v.device.type != "ltc":
+                    raise RuntimeError(f"Expected all tensors to be on the same device, but found a "
+                                       f"{v.device} tensor of shape {tuple(v.shape)} among ltc tensors "
+                                       f"(when checking arguments for {info.name}); move it with .to('ltc:N')")
+                uploads = uploads or []
+                uploads.append((len(template), None, v))
+                template.append(None)
+            else:  # a Python number where the schema says Tensor: a wrapped number
+                template.append((SCALAR, len(scalars), type(v)))
+                scalars.append(v)
+        elif k == K_SCALAR:
+            if info.is_factory or type(v) not in _SCALAR_TYPES:
+                template.append(v)  # factories: scalars can decide shapes (arange)
+            else:
+                template.append((SCALAR, len(scalars), type(v)))
+                scalars.append(v)
+        elif k == K_TENSOR_LIST:
+            if v is None:
+                template.append(None)
+                continue
+            refs: list[Any] = []
+            for j, e in enumerate(v):
+                if type(e) is LtcTensor:
+                    c = e._ctx
+                    if c is not ctx:
+                        if ctx is None:
+                            ctx = c
+                        else:
+                            raise _device_mismatch(ctx, c, info.name)
+                    refs.append(len(operands))
+                    operands.append((e._node, e._idx))
+                elif e is None:
+                    refs.append(None)
+                else:  # host tensors in index lists are allowed, as in eager CUDA
+                    uploads = uploads or []
+                    uploads.append((len(template), j, e))
+                    refs.append(None)
+            template.append((TENSOR_LIST, tuple(refs)))
+        elif k == GENERATOR:
+            template.append((RNG, len(scalars)))
+            scalars.append(v)  # replaced by a seed below, once the device is known
+    if ctx is None:
+        ctx = arena.get(None)
+    if uploads:
+        for pos, j, host in uploads:
+            t = upload(ctx, host)
+            ref = len(operands)
+            operands.append((t._node, t._idx))
+            if j is None:
+                template[pos] = (TENSOR, ref)
+            else:
+                refs = list(template[pos][1])
+                refs[j] = ref
+                template[pos] = (TENSOR_LIST, tuple(refs))
+            full = _replace_arg(full, info, pos, j, t)
+    if info.has_generator:
+        for e in template:
+            if type(e) is tuple and e and e[0] is RNG:
+                scalars[e[1]] = _seed_from(ctx, scalars[e[1]])
+    tpl = tuple(template)
+    skey = (func, tpl, tuple([n.outputs[i] for n, i in operands]))
+    res = _shape_cache.get(skey)
+    if res is None:
+        res = _infer(func, info, full)
+        if res is not _FALLBACK and not ctx.backend.can_lower(
+                Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1])):
+            res = _FALLBACK
+        _shape_cache[skey] = res
+    if res is _FALLBACK:
+        return eager_fallback(func, info, full, ctx)
+    metas, out_spec = res
+    if func in _IDENTITY:
+        src = operands[0]
+        return make_tensor(ctx, src[0], src[1], metas[0])
+    node = Node(func, tuple(operands), tpl, tuple(scalars), metas, out_spec,
+                origin=caller_location() if config.ir_debug else None)
+    if out_spec == (None,):
+        return make_tensor(ctx, node, 0, metas[0])
+    outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(metas)]
+    return _unflatten(outs, out_spec)
+
+
+def _replace_arg(full: list, info: OpInfo, pos: int, j: int | None, t: LtcTensor) -> list:
+    full = list(full)
+    if j is None:
+        full[pos] = t
+    else:
+        lst = list(full[pos])
+        lst[j] = t
+        full[pos] = lst
+    return full
+
+
+def _seed_from(ctx: DeviceContext, gen: Any) -> int:
+    if gen is None:
+        return ctx.next_seed()
+    if isinstance(gen, torch.Generator) and gen.device.type == "cpu":
+        return int(torch.randint(0, 1 << 62, (), generator=gen))
+    raise RuntimeError(f"ltc_async: unsupported generator {gen!r}; pass a CPU torch.Generator or none "
+                       "(lazy devices draw from a per-device generator seeded by torch.manual_seed)")
+
+
+def _unflatten(outs: list, out_spec: tuple) -> Any:
+    res: list[Any] = []
+    i = 0
+    for s in out_spec:
+        if s is None:
+            res.append(outs[i])
+            i += 1
+        elif s is False:
+            res.append(None)
+        else:
+            res.append(outs[i:i + s])
+            i += s
+    return res[0] if len(res) == 1 else tuple(res)
+
+
+def _to_meta(v: Any) -> Any:
+    if type(v) is LtcTensor:
+        m = v._node.outputs[v._idx]
+        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=_META)
+    if isinstance(v, torch.Tensor):
+        return v.to(_META)
+    if isinstance(v, torch.device) and v.type == "ltc":
+        return _META
+    if isinstance(v, torch.Generator):
+        return None
+    if type(v) is list or type(v) is tuple:
+        return [_to_meta(e) for e in v] if any(isinstance(e, torch.Tensor) for e in v) else v
+    return v
+
+
+def _call(func: Any, info: OpInfo, full: list) -> Any:
+    n = info.n_positional_max
+    kw = {info.arg_names[i]: full[i] for i in range(n, len(full))}
+    return func(*full[:n], **kw)
+
+
+def _infer(func: Any, info: OpInfo, full: list) -> Any:
+    """Output metas by running the op on meta tensors.  User errors propagate unchanged."""
+    margs = [_to_meta(v) for v in full]
+    for i, k in enumerate(info.kinds):
+        if k == GENERATOR:
+            margs[i] = None
+    try:
+        out = _call(func, info, margs)
+    except NotImplementedError:
+        return _FALLBACK
+    if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
+        try:
+            out = _call(info.view_op, info, margs)
+        except Exception:  # noqa: BLE001 - the copy op's result above is still right
+            pass
+    metas: list[TensorMeta] = []
+    spec: list[Any] = []
+    for r in (out if isinstance(out, tuple) else (out,)):
+        if r is None:
+            spec.append(False)
+        elif isinstance(r, torch.Tensor):
+            spec.append(None)
+            metas.append(TensorMeta(tuple(r.shape), tuple(r.stride()), r.dtype))
+        else:
+            spec.append(len(r))
+            metas.extend(TensorMeta(tuple(e.shape), tuple(e.stride()), e.dtype) for e in r)
+    return tuple(metas), tuple(spec)
+
+
+# -- host interaction ---------------------------------------------------------------------
+
+def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
+    """Device data for a host tensor (copied: later host writes do not leak in)."""
+    if host.device.type == "ltc":  # a functional wrapper on another lazy device
+        return transfer(lazy_tensor.unwrap(host), ctx)
+    meta = TensorMeta(tuple(host.shape), tuple(host.stride()), host.dtype)
+    if host.dim() == 0:
+        return _upload_scalar(ctx, host, meta)
+    metrics.counter("UploadTensor")
+    data = BackendData(ctx, meta, value=ctx.backend.upload(host, ctx.backend_device))
+    return make_tensor(ctx, make_data_node(data, meta), 0, meta)
+
+
+_scalar_cache: dict[tuple, Node] = {}
+
+
+def _upload_scalar(ctx: DeviceContext, host: torch.Tensor, meta: TensorMeta) -> LtcTensor:
+    """0-dim host tensors (`x + torch.tensor(2.0)`) are cached by value: LTC's DataCache."""
+    key = (ctx.index, host.dtype, host.item())
+    node = _scalar_cache.get(key)
+    if node is None:
+        metrics.counter("DeviceDataCacheMiss")
+        data = BackendData(ctx, meta, value=ctx.backend.upload(host, ctx.backend_device))
+        node = make_data_node(data, meta)
+        if len(_scalar_cache) > 4096:
+            _scalar_cache.clear()
+        _scalar_cache[key] = node
+    return make_tensor(ctx, node, 0, meta)
+
+
+def adopt(ctx: DeviceContext, value: torch.Tensor) -> LtcTensor:
+    """Wrap a tensor already on the backing device (eager-fallback results) as device data."""
+    meta = TensorMeta(tuple(value.shape), tuple(value.stride()), value.dtype)
+    data = BackendData(ctx, meta, value=ctx.backend.from_torch(value, ctx.backend_device))
+    return make_tensor(ctx, make_data_node(data, meta), 0, meta)
+
+
+def transfer(src: LtcTensor, dst: DeviceContext) -> LtcTensor:
+    """Move a lazy tensor to another lazy device, ordered after its producer, no host wait."""
+    if src._ctx is dst:
+        return src
+    metrics.counter("TransferToDevice")
+    data = gx.data_of(src)  # schedules src's graph on its device if still pending
+    meta = src._node.outputs[src._idx]
+    out = gx.schedule_transfer(data, dst, meta)
+    return make_tensor(dst, make_data_node(out, meta), 0, meta)
+
+
+def _materialize_args(args: Any, kwargs: dict) -> tuple[Any, dict, DeviceContext | None]:
+    """Replace lazy tensors by backend `torch.Tensor`s, syncing what is pending."""
+    found: list[LtcTensor] = []
+
+    def collect(v: Any) -> None:
+        if type(v) is LtcTensor:
+            found.append(v)
+        elif type(v) in (list, tuple):
+            for e in v:
+                collect(e)
+    for v in args:
+        collect(v)
+    for v in kwargs.values():
+        collect(v)
+    values = gx.materialize(found)
+    mapping = {id(t): v for t, v in zip(found, values)}
+    ctx = found[0]._ctx if found else None
+
+    def repl(v: Any) -> Any:
+        if type(v) is LtcTensor:
+            return mapping[id(v)]
+        if type(v) in (list, tuple) and any(type(e) is LtcTensor for e in v):
+            return type(v)(repl(e) for e in v)
+        if isinstance(v, torch.device) and v.type == "ltc":
+            return arena.get(v).backend_device
+        return v
+    return [repl(v) for v in args], {k: repl(v) for k, v in kwargs.items()}, ctx
+
+
+def _wrap_outputs(out: Any, ctx: DeviceContext) -> Any:
+    if isinstance(out, torch.Tensor):
+        return adopt(ctx, out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_outputs(o, ctx) for o in out)
+    return out
+
+
+def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> Any:
+    """Run an op the backend cannot express eagerly on the backing device (LTC's
+    `ts_eager_fallback`): sync its inputs, call the aten op, keep the result as device data."""
+    metrics.counter("EagerFallback")
+    metrics.counter("EagerFallback::" + info.name)
+    n = info.n_positional_max
+    args, kwargs, _ = _materialize_args(full[:n], {info.arg_names[i]: full[i] for i in range(n, len(full))})
+    for i, k in enumerate(info.kinds):
+        if k == GENERATOR:  # keep per-device seeding: a generator on the backing device
+            g = torch.Generator(ctx.backend_device)
+            g.manual_seed(_seed_from(ctx, full[i]))
+            if i < n:
+                args[i] = g
+            else:
+                kwargs[info.arg_names[i]] = g
+    return _wrap_outputs(func(*args, **kwargs), ctx)
+
+
+def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    """Ops whose result is not a tensor (`.item()`, `bool(t)`, `equal`): a data-dependent sync."""
+    metrics.counter("DataDependentSync")
+    hargs, hkwargs, ctx = _materialize_args(args, kwargs)
+    out = func(*hargs, **hkwargs)
+    return _wrap_outputs(out, ctx) if ctx is not None else out
+
+
+# -- special ops --------------------------------------------------------------------------
+
+def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    x = args[0]
+    device = kwargs.get("device")
+    if device is not None and not isinstance(device, torch.device):
+        device = torch.device(device)
+    metrics.counter("ltc::_to_copy")
+    if device is not None and device.type != "ltc":
+        # Leaving the lazy world: wait for exactly this tensor, copy to the target device.
+        metrics.counter("TensorToHost")
+        value = gx.materialize([x])[0]
+        out = func(value, **kwargs)
+        meta = x._node.outputs[x._idx]
+        if tuple(out.stride()) != meta.stride and kwargs.get("memory_format") in (None, torch.preserve_format):
+            fixed = torch.empty_strided(meta.shape, meta.stride, dtype=out.dtype, device=out.device)
+            out = fixed.copy_(out)
+        return out
+    if device is not None and arena.get(device) is not x._ctx:
+        x = transfer(x, arena.get(device))
+    kwargs = dict(kwargs)
+    kwargs["device"] = x._ctx.device if device is not None else None
+    if kwargs.get("dtype") in (None, x.dtype) and kwargs.get("memory_format") in (None, torch.preserve_format):
+        return x  # values are immutable: an unchanged copy is the same value
+    info = op_info(func)
+    return trace(func, info, info.bind((x,), kwargs))
+
+
+def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`copy(self, src)` (what functionalization makes of `copy_`): uploads end up here."""
+    self, src = args[0], args[1]
+    ctx = self._ctx
+    metrics.counter("ltc::copy")
+    if type(src) is not LtcTensor:
+        src = upload(ctx, src)
+    elif src._ctx is not ctx:
+        src = transfer(src, ctx)
+    ms = self._node.outputs[self._idx]
+    mt = src._node.outputs[src._idx]
+    if ms.shape == mt.shape and ms.dtype == mt.dtype:
+        return make_tensor(ctx, src._node, src._idx, ms)
+    info = op_info(func)
+    return trace(func, info, info.bind((self, src), kwargs))
+
+
+_IDENTITY = {aten.detach_copy.default, aten.alias_copy.default, aten.lift_fresh_copy.default,
+             aten.clone.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default}
+
+_SPECIAL: dict[Any, Callable[[Any, tuple, dict], Any]] = {
+    aten._to_copy.default: _to_copy,
+    aten.copy.default: _copy,
+}

@@ -1,0 +1,77 @@
+"""`LtcTensor`: what the dispatcher sees on an `ltc` device.
+
+Users hold a *functional wrapper* (PyTorch's `FunctionalTensorWrapper`, what LTC itself uses)
+around an `LtcTensor`.  Functionalization turns in-place ops and views into functional ops
+(`add_` -> `add`, `x[0]` -> `select_copy`, `v.add_()` -> `select_scatter` on the base) before
+they reach `LtcTensor.__torch_dispatch__`, so the IR stays purely functional while users keep
+eager aliasing semantics.  Autograd runs on the wrapper, above all of this.
+
+An `LtcTensor` is immutable in value: it names output `_idx` of IR node `_node`.  Syncing only
+swaps that node for a DEVICE_DATA node holding (a placeholder for) the same value.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir.node import Node, TensorMeta
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+class LtcTensor(torch.Tensor):
+    """A lazy tensor: output `_idx` of IR node `_node`, on lazy device `_ctx`."""
+
+    _node: Node
+    _idx: int
+    _ctx: Any
+    _id: int
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return _dispatch(func, args, kwargs)
+
+    def __repr__(self) -> str:  # the inner tensor: users normally see the functional wrapper
+        meta = self._node.outputs[self._idx]
+        return f"LtcTensor({self._node.name}, shape={tuple(meta.shape)}, dtype={meta.dtype}, device={self._ctx.device})"
+
+
+def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta) -> LtcTensor:
+    t = _make_wrapper(LtcTensor, meta.shape, meta.stride, dtype=meta.dtype, device=ctx.device)
+    t._node = node
+    t._idx = idx
+    t._ctx = ctx
+    if node.op is not _DEVICE_DATA:
+        ctx.register(t)
+    return t
+
+
+def wrap(t: torch.Tensor) -> torch.Tensor:
+    """The user-facing functional wrapper of an inner `LtcTensor`."""
+    return torch._to_functional_tensor(t)
+
+
+def unwrap(t: torch.Tensor) -> LtcTensor:
+    """The current inner `LtcTensor` of a user tensor (applying pending view updates first)."""
+    if type(t) is LtcTensor:
+        return t
+    if not isinstance(t, torch.Tensor) or t.device.type != "ltc":
+        raise TypeError(f"expected a tensor on an 'ltc' device, got {_describe(t)}")
+    if torch._is_functional_tensor(t):
+        torch._sync(t)
+        inner = torch._from_functional_tensor(t)
+        if type(inner) is LtcTensor:
+            return inner
+    raise TypeError(f"not an ltc_async tensor: {_describe(t)}")
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{type(t).__name__}(device={t.device}, shape={tuple(t.shape)})"
+    return type(t).__name__
+
+
+# Filled in by dispatch.py (avoids an import cycle on the hot path).
+_dispatch: Any = None
+from ..ir.node import DEVICE_DATA as _DEVICE_DATA  # noqa: E402

@@ -1,0 +1,107 @@
+"""Registering the `ltc` device with PyTorch (PrivateUse1, renamed), in pure Python.
+
+* `rename_privateuse1_backend("ltc")` + a device module (`torch.ltc`): device strings, `t.ltc()`,
+  and `torch.manual_seed` reaching our per-device generators (`manual_seed_all`);
+* a `torch.library` fallback on the PrivateUse1 key: ops with no tensor argument but
+  `device="ltc:N"` (factories: `empty`, `empty_strided`, `arange`, ...) land there; everything
+  else reaches `LtcTensor.__torch_dispatch__` through the Python key;
+* results of user-level factory calls are wrapped for functionalization (see `lazy_tensor.py`);
+* `print(t)` copies to the host once instead of tracing the printing code's indexing ops.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from ..executor import arena
+from .dispatch import dispatch
+from .lazy_tensor import LtcTensor, wrap
+
+_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
+_registered = False
+_lib: Any = None
+
+
+class _LtcDeviceModule:
+    """`torch.ltc`: what PyTorch asks of a device backend module."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        return len(arena.contexts())
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        # Before the devices exist, contexts start from torch.initial_seed() anyway.
+        for ctx in (arena._contexts or ()):
+            ctx.manual_seed(seed)
+
+    manual_seed = manual_seed_all
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        from ..api import wait_device_ops
+        wait_device_ops(None if device is None else [device])
+
+
+def _wrap_result(out: Any) -> Any:
+    if type(out) is LtcTensor:
+        return wrap(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_result(o) for o in out)
+    return out
+
+
+def _privateuse1_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    out = dispatch(op, args, kwargs)
+    if torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE):
+        return out  # called from inside functionalization: it wraps the result itself
+    return _wrap_result(out)
+
+
+def _patch_printing() -> None:
+    """`repr` of an ltc tensor: one host copy, then eager's formatting plus device/grad suffixes
+    (functional wrappers would otherwise print as functorch wrappers)."""
+    import torch._tensor_str as ts
+    original = ts._str
+
+    def _str(self: torch.Tensor, *, tensor_contents: Any = None) -> str:
+        if self.device.type != "ltc":
+            return original(self, tensor_contents=tensor_contents)
+        with torch.no_grad():
+            text = original(self.detach().to("cpu"), tensor_contents=tensor_contents)
+        suffix = f", device='{self.device}'"
+        if self.grad_fn is not None:
+            suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        elif self.requires_grad:
+            suffix += ", requires_grad=True"
+        return text[:-1] + suffix + ")"
+    ts._str = _str
+
+
+def register() -> None:
+    global _registered, _lib
+    if _registered:
+        return
+    _setup_privateuseone_for_python_backend(rename="ltc", backend_module=_LtcDeviceModule())
+    _lib = torch.library.Library("_", "IMPL")
+    _lib.fallback(_privateuse1_fallback, dispatch_key="PrivateUse1")
+    _patch_printing()
+    _registered = True
