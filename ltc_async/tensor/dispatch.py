@@ -424,10 +424,30 @@ def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
     return trace(func, info, info.bind((self, src), kwargs))
 
 
+def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`native_batch_norm` updates the running stats in place although its schema does not say
+    so (functionalization cannot see it).  Trace the functional variant and point the running
+    stat tensors at its new values: they are the inner tensors of the module's buffers."""
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    inp, weight, bias, rmean, rvar, training, momentum, eps = full
+    if not training or rmean is None or rvar is None:
+        metrics.counter("ltc::native_batch_norm")
+        return trace(func, info, full)
+    legit = aten._native_batch_norm_legit_functional.default
+    metrics.counter("ltc::_native_batch_norm_legit_functional")
+    out, mean, invstd, new_mean, new_var = trace(legit, op_info(legit), full)
+    for dst, src in ((rmean, new_mean), (rvar, new_var)):
+        dst._node, dst._idx = src._node, src._idx
+        dst._ctx.register(dst)
+    return out, mean, invstd
+
+
 _IDENTITY = {aten.detach_copy.default, aten.alias_copy.default, aten.lift_fresh_copy.default,
              aten.clone.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default}
 
 _SPECIAL: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
+    aten.native_batch_norm.default: _native_batch_norm,
 }

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..ir.node import Node, TensorMeta
+from ..metrics import _counters
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
@@ -32,6 +33,9 @@ class LtcTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         return _dispatch(func, args, kwargs)
 
+    def __del__(self) -> None:
+        _counters["DestroyLtcTensor"] = _counters.get("DestroyLtcTensor", 0) + 1
+
     def __repr__(self) -> str:  # the inner tensor: users normally see the functional wrapper
         meta = self._node.outputs[self._idx]
         return f"LtcTensor({self._node.name}, shape={tuple(meta.shape)}, dtype={meta.dtype}, device={self._ctx.device})"
@@ -39,6 +43,7 @@ class LtcTensor(torch.Tensor):
 
 def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta) -> LtcTensor:
     t = _make_wrapper(LtcTensor, meta.shape, meta.stride, dtype=meta.dtype, device=ctx.device)
+    _counters["CreateLtcTensor"] = _counters.get("CreateLtcTensor", 0) + 1
     t._node = node
     t._idx = idx
     t._ctx = ctx

@@ -1,0 +1,205 @@
+"""Graph executor, computation cache, eager fallback, device configuration, metrics, debug."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ltc_async as ltc
+from conftest import assert_eager
+
+
+def _step(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x @ w).sum(0) * 0.5
+
+
+def test_second_identical_step_hits_cache(metrics):
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+    lw, lx = w.to("ltc:0"), x.to("ltc:0")
+    out1 = _step(lw, lx)
+    ltc.mark_step()
+    assert metrics.counter_value("UncachedCompile") == 1
+    # new values, same shapes: the graph is found in the cache
+    w2, x2 = torch.randn(8, 8), torch.randn(4, 8)
+    out2 = _step(w2.to("ltc:0"), x2.to("ltc:0"))
+    ltc.mark_step()
+    assert metrics.counter_value("UncachedCompile") == 1
+    assert metrics.counter_value("CachedCompile") == 1
+    assert_eager(out1, _step(w, x))
+    assert_eager(out2, _step(w2, x2))
+    assert metrics.counter_value("MarkStep") == 2
+    count, total, samples = metrics.metric_data("ExecuteTime")
+    assert count == 2 and total > 0 and len(samples) == 2
+
+
+def test_graph_key_distinguishes_shared_inputs(metrics):
+    """`a + a` and `a + b` have equal DAG hashes node by node; the exact key tells them apart."""
+    a = torch.randn(5).to("ltc:0")
+    b = torch.randn(5).to("ltc:0")
+    s1 = a + a
+    s2 = a + b
+    assert ltc.debug.graph_hash([s1]) != ltc.debug.graph_hash([s2])
+    assert_eager(s1, a.cpu() + a.cpu())
+    assert_eager(s2, a.cpu() + b.cpu())
+    assert metrics.counter_value("UncachedCompile") == 2
+
+
+def test_graph_hash_ignores_values():
+    a1, b1 = torch.randn(3, 3).to("ltc:0"), torch.randn(3, 3).to("ltc:0")
+    a2, b2 = torch.randn(3, 3).to("ltc:0"), torch.randn(3, 3).to("ltc:0")
+    assert ltc.debug.graph_hash([a1 @ b1 + 1.5]) == ltc.debug.graph_hash([a2 @ b2 + 2.5])
+    assert ltc.debug.graph_hash([a1 @ b1]) != ltc.debug.graph_hash([a1 @ b1.t()])
+
+
+def test_eager_fallback_is_counted_and_correct(metrics):
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -3.0]])
+    lx = x.to("ltc:0")
+    nz = torch.nonzero(lx)           # data-dependent shape: no meta kernel, runs eagerly
+    sel = lx[lx != 0] * 2            # boolean mask indexing, then lazy work on the result
+    assert metrics.counter_value("EagerFallback") >= 2
+    assert metrics.counter_value("EagerFallback::nonzero") == 1
+    assert_eager(nz, torch.nonzero(x))
+    assert_eager(sel, x[x != 0] * 2)
+
+
+def test_cache_is_lru_bounded():
+    from ltc_async.executor.graph_executor import ComputationCache
+    c = ComputationCache(2)
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1     # refresh a
+    c.put("c", 3)              # evicts b, the least recently used
+    assert c.get("b") is None and c.get("a") == 1 and c.get("c") == 3 and len(c) == 2
+
+
+def test_trace_time_shape_error_raises_at_the_line():
+    a = torch.randn(3, 4).to("ltc:0")
+    b = torch.randn(5, 6).to("ltc:0")
+    with pytest.raises(RuntimeError, match="reduction dim|cannot be multiplied"):
+        torch.mm(a, b)
+    with pytest.raises(RuntimeError):
+        a + b
+    with pytest.raises(IndexError):
+        a.sum(dim=5)
+    # nothing bad was recorded: the device still works
+    assert_eager(a * 2, a.cpu() * 2)
+
+
+def test_devices_and_registration():
+    devs = ltc.devices()
+    assert devs[0] == torch.device("ltc", 0)
+    assert ltc.backend_device("ltc:0").type in ("cpu", "cuda")
+    t = torch.zeros(2, device="ltc:0")
+    assert t.device == torch.device("ltc:0") and t.is_ltc
+    assert torch.ltc.device_count() == len(devs)
+    with pytest.raises(ValueError, match="ltc:99"):
+        ltc.backend_device("ltc:99")
+    with pytest.raises(ValueError, match="not a lazy device"):
+        ltc.backend_device("cpu")
+
+
+def test_bad_device_entry_names_it():
+    with pytest.raises(ValueError, match="tpu:0"):
+        ltc.init(devices=["cpu", "tpu:0"])
+    with pytest.raises(ValueError, match="cuda:7"):
+        ltc.init(devices=["cuda:7"])
+
+
+def test_bad_device_entry_from_environment():
+    env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,bogus")
+    code = "import torch, ltc_async; torch.zeros(1, device='ltc:0')"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "ValueError" in r.stderr and "'bogus'" in r.stderr
+
+
+def test_two_virtual_cpu_devices_from_environment():
+    env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,cpu")
+    code = ("import torch, ltc_async as ltc\n"
+            "x = torch.arange(6.).to('ltc:1') * 2\n"
+            "assert ltc.devices() == [torch.device('ltc', 0), torch.device('ltc', 1)]\n"
+            "assert x.device == torch.device('ltc:1')\n"
+            "assert x.cpu().tolist() == [0., 2., 4., 6., 8., 10.]\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_metrics_api(metrics):
+    x = torch.randn(4).to("ltc:0")
+    y = torch.relu(x) + 1
+    ltc.mark_step(wait=True)
+    names = metrics.counter_names()
+    for required in ("MarkStep", "UncachedCompile", "CreateLtcTensor", "ltc::relu", "ltc::add"):
+        assert required in names, required
+    assert metrics.counter_value("ltc::relu") == 1
+    assert metrics.counter_value("NoSuchCounter") is None
+    for required in ("CompileTime", "ExecuteTime", "SyncTensorsGraph"):
+        assert required in metrics.metric_names()
+    report = metrics.report()
+    assert "UncachedCompile" in report and "ExecuteTime" in report
+    assert_eager(y, torch.relu(x.cpu()) + 1)
+    metrics.reset()
+    assert metrics.counter_value("MarkStep") is None and metrics.metric_data("ExecuteTime") is None
+
+
+def test_create_and_destroy_counters(metrics):
+    x = torch.randn(4).to("ltc:0")
+    for _ in range(3):
+        x = x * 2
+    del x
+    import gc
+    gc.collect()
+    created = metrics.counter_value("CreateLtcTensor")
+    destroyed = metrics.counter_value("DestroyLtcTensor")
+    assert created is not None and created >= 4
+    assert destroyed is not None and destroyed >= 3
+
+
+def test_dump_ir_formats():
+    a = torch.randn(2, 3).to("ltc:0")
+    y = torch.sigmoid(a) * 3.0
+    text = ltc.debug.dump_ir([y], "text")
+    assert "aten::sigmoid" in text and "device_data" in text and "ROOT" in text
+    dot = ltc.debug.dump_ir([y], "dot")
+    assert dot.startswith("digraph") and "->" in dot
+    backend = ltc.debug.dump_ir([y], "backend")
+    assert "aten::sigmoid" in backend and "graph(" in backend
+    with pytest.raises(ValueError, match="unknown fmt"):
+        ltc.debug.dump_ir([y], "svg")
+    assert_eager(y, torch.sigmoid(a.cpu()) * 3.0)
+
+
+def test_print_and_tolist():
+    x = torch.tensor([1.0, 2.0]).to("ltc:0")
+    s = repr(x * 2)
+    assert "tensor([2., 4.]" in s and "device='ltc:0'" in s
+    w = torch.ones(2, device="ltc:0", requires_grad=True)
+    assert "requires_grad=True" in repr(w)
+    assert "grad_fn=<MulBackward0>" in repr(w * 2)
+    assert (x + 1).tolist() == [2.0, 3.0]
+    assert (x.sum()).item() == 3.0
+
+
+def test_reference_backend_agrees_with_eager():
+    """The interpreter backend runs the same executor without TorchScript."""
+    code = ("import torch, ltc_async as ltc\n"
+            "ltc.init(backend='reference')\n"
+            "torch.manual_seed(0)\n"
+            "m = torch.nn.Linear(4, 3)\n"
+            "lm = torch.nn.Linear(4, 3).to('ltc:0'); lm.load_state_dict(m.state_dict())\n"
+            "x = torch.randn(5, 4)\n"
+            "out = lm(x.to('ltc:0')).relu().sum(); out.backward(); ltc.mark_step()\n"
+            "ref = m(x).relu().sum(); ref.backward()\n"
+            "torch.testing.assert_close(out.cpu(), ref.detach())\n"
+            "torch.testing.assert_close(lm.weight.grad.cpu(), m.weight.grad)\n"
+            "assert ltc.metrics.counter_value('UncachedCompile') >= 1\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
