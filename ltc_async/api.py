@@ -86,7 +86,7 @@ def _schedule(inner: list[LtcTensor]) -> list[Future]:
     for group in by_ctx.values():
         gx.sync_tensors(group[0]._ctx, group)
     for t in inner:
-        f = t._node.data.future
+        f = t._v[0].data.future
         if f is not None:
             futures.append(f)
     return futures

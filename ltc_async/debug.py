@@ -18,8 +18,8 @@ def _roots(tensors: Sequence[torch.Tensor]) -> list[tuple[Node, int]]:
     roots: list[tuple[Node, int]] = []
     for t in tensors:
         inner = unwrap(t)
-        if (inner._node, inner._idx) not in roots:
-            roots.append((inner._node, inner._idx))
+        if inner._v not in roots:
+            roots.append(inner._v)
     return roots
 
 

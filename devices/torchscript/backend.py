@@ -14,7 +14,7 @@ import torch
 from ltc_async.backend import Backend, Computation
 from ltc_async.ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
 
-from .lowering import IN_GENERATOR, IN_SCALAR, TSLowering
+from .lowering import IN_GENERATOR, TSLowering, _graph_op_name
 
 _lower_ok: dict[tuple, bool] = {}
 _lower_lock = threading.Lock()
@@ -112,9 +112,8 @@ def _check_lowering(node: Node) -> bool:
     lowering = TSLowering(torch.device("cpu"))
     operands = [lowering.input(torch._C.TensorType.get(), 0) for _ in node.operands]
     try:
-        outs_node = lowering.emit(node, operands)
-        del outs_node
-        n = [x for x in lowering.graph.nodes() if x.kind() == node.op._schema.name][-1]
+        lowering.emit(node, operands)
+        n = [x for x in lowering.graph.nodes() if x.kind() == _graph_op_name(node.op)][-1]
         schema = n.schema()
     except Exception:  # noqa: BLE001 - any failure means "cannot lower"
         return False
@@ -123,13 +122,13 @@ def _check_lowering(node: Node) -> bool:
     want = node.op._schema
     overload = want.overload_name
     got = schema.split("(")[0]
-    if got == want.name + ("." + overload if overload else ""):
+    if got == _graph_op_name(node.op) + ("." + overload if overload else ""):
         return True
     # A Python number in a Tensor slot (`x * 0.5` is `mul.Tensor` with a wrapped number)
     # resolves to the `.Scalar` twin, which wraps the number the same way.
     wrapped = any(type(e) is tuple and e and e[0] is SCALAR and _is_tensor_arg(want, k)
                   for k, e in enumerate(node.template))
-    return wrapped and got.split(".")[0] == want.name
+    return wrapped and got.split(".")[0] == _graph_op_name(node.op)
 
 
 def _is_tensor_arg(schema: torch._C.FunctionSchema, k: int) -> bool:

@@ -24,6 +24,25 @@ _ENUMS = {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_l
 IN_TENSOR, IN_SCALAR, IN_GENERATOR = 0, 1, 2
 
 
+_VIEW_NAMES: dict = {}
+
+
+def _graph_op_name(op: torch._ops.OpOverload) -> str:
+    """The aten name to emit.  Values in a compiled graph are never mutated, so the `x_copy`
+    ops functionalization produces can run as the view op `x`: no copy, same values."""
+    name = _VIEW_NAMES.get(op)
+    if name is None:
+        name = op._schema.name
+        base = name.split("::")[-1]
+        if base.endswith("_copy") and base != "_copy":
+            packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
+            view = getattr(packet, op._schema.overload_name or "default", None) if packet else None
+            if view is not None and len(view._schema.arguments) == len(op._schema.arguments):
+                name = view._schema.name
+        _VIEW_NAMES[op] = name
+    return name
+
+
 class TSLowering:
     """Builds one `torch._C.Graph` from a post-ordered IR graph."""
 
@@ -80,7 +99,7 @@ class TSLowering:
             else:
                 args.append(self.constant(e))
         schema = node.op._schema
-        n = g.create(schema.name, args, len(schema.returns))
+        n = g.create(_graph_op_name(node.op), args, len(schema.returns))
         g.insertNode(n)
         outs: list[torch._C.Value] = []
         for r, spec in enumerate(node.out_spec):

@@ -121,7 +121,7 @@ class DeviceContext:
         out = []
         for r in self._live.copy().values():
             t = r()
-            if t is not None and not t._node.is_data:
+            if t is not None and not t._v[0].is_data:
                 out.append(t)
         return out
 

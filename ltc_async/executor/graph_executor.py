@@ -97,14 +97,15 @@ def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any]
     pending: list[Any] = []
     which: list[int] = []
     for t in tensors:
-        node = t._node
+        v = t._v  # one read: another thread may swap it for device data at any time
+        node = v[0]
         if node.op is DEVICE_DATA:
             continue
-        k = (id(node), t._idx)
+        k = (id(node), v[1])
         r = index.get(k)
         if r is None:
             r = index[k] = len(roots)
-            roots.append((node, t._idx))
+            roots.append(v)
         pending.append(t)
         which.append(r)
     return roots, pending, which
@@ -137,8 +138,7 @@ def sync_tensors(ctx: DeviceContext, tensors: Sequence[Any], label: str | None =
         datas = [BackendData(ctx, n.outputs[i], future=future, index=j) for j, (n, i) in enumerate(roots)]
         dnodes = [make_data_node(d, d.meta) for d in datas]
         for t, r in zip(pending, which):
-            t._node = dnodes[r]
-            t._idx = 0
+            t._v = (dnodes[r], 0)
             ctx.unregister(t)
         ctx.inflight.acquire()  # bounded queue: wait here if the device is far behind
         ctx.worker.submit(lambda: _run(ctx, comp, plan.inputs, future))
@@ -188,9 +188,9 @@ def schedule_transfer(src: BackendData, dst: DeviceContext, meta: TensorMeta) ->
 
 def data_of(t: Any) -> BackendData:
     """The BackendData of a lazy tensor, scheduling its pending graph first if needed."""
-    if not t._node.is_data:
+    if not t._v[0].is_data:
         sync_tensors(t._ctx, [t])
-    return t._node.data
+    return t._v[0].data
 
 
 def materialize(tensors: Sequence[Any]) -> list[torch.Tensor]:
@@ -206,7 +206,7 @@ def materialize(tensors: Sequence[Any]) -> list[torch.Tensor]:
         sync_tensors(group[0]._ctx, group)
     out = []
     for t in tensors:
-        data = t._node.data
+        data = t._v[0].data
         try:
             value = data.get()
         except ComputationError as e:

@@ -96,7 +96,7 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
                     else:
                         raise _device_mismatch(ctx, c, info.name)
                 template.append((TENSOR, len(operands)))
-                operands.append((v._node, v._idx))
+                operands.append(v._v)
             elif v is None:
                 template.append(None)
             elif isinstance(v, torch.Tensor):
@@ -130,7 +130,7 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
                         else:
                             raise _device_mismatch(ctx, c, info.name)
                     refs.append(len(operands))
-                    operands.append((e._node, e._idx))
+                    operands.append(e._v)
                 elif e is None:
                     refs.append(None)
                 else:  # host tensors in index lists are allowed, as in eager CUDA
@@ -147,7 +147,7 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
         for pos, j, host in uploads:
             t = upload(ctx, host)
             ref = len(operands)
-            operands.append((t._node, t._idx))
+            operands.append(t._v)
             if j is None:
                 template[pos] = (TENSOR, ref)
             else:
@@ -219,7 +219,7 @@ def _unflatten(outs: list, out_spec: tuple) -> Any:
 
 def _to_meta(v: Any) -> Any:
     if type(v) is LtcTensor:
-        m = v._node.outputs[v._idx]
+        m = v._m
         return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=_META)
     if isinstance(v, torch.Tensor):
         return v.to(_META)
@@ -311,7 +311,7 @@ def transfer(src: LtcTensor, dst: DeviceContext) -> LtcTensor:
         return src
     metrics.counter("TransferToDevice")
     data = gx.data_of(src)  # schedules src's graph on its device if still pending
-    meta = src._node.outputs[src._idx]
+    meta = src._m
     out = gx.schedule_transfer(data, dst, meta)
     return make_tensor(dst, make_data_node(out, meta), 0, meta)
 
@@ -392,7 +392,7 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         metrics.counter("TensorToHost")
         value = gx.materialize([x])[0]
         out = func(value, **kwargs)
-        meta = x._node.outputs[x._idx]
+        meta = x._m
         if tuple(out.stride()) != meta.stride and kwargs.get("memory_format") in (None, torch.preserve_format):
             fixed = torch.empty_strided(meta.shape, meta.stride, dtype=out.dtype, device=out.device)
             out = fixed.copy_(out)
@@ -416,10 +416,11 @@ def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
         src = upload(ctx, src)
     elif src._ctx is not ctx:
         src = transfer(src, ctx)
-    ms = self._node.outputs[self._idx]
-    mt = src._node.outputs[src._idx]
+    ms = self._m
+    mt = src._m
     if ms.shape == mt.shape and ms.dtype == mt.dtype:
-        return make_tensor(ctx, src._node, src._idx, ms)
+        node, idx = src._v
+        return make_tensor(ctx, node, idx, ms)
     info = op_info(func)
     return trace(func, info, info.bind((self, src), kwargs))
 
@@ -438,7 +439,7 @@ def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     metrics.counter("ltc::_native_batch_norm_legit_functional")
     out, mean, invstd, new_mean, new_var = trace(legit, op_info(legit), full)
     for dst, src in ((rmean, new_mean), (rvar, new_var)):
-        dst._node, dst._idx = src._node, src._idx
+        dst._v = src._v
         dst._ctx.register(dst)
     return out, mean, invstd
 

@@ -6,8 +6,8 @@ around an `LtcTensor`.  Functionalization turns in-place ops and views into func
 they reach `LtcTensor.__torch_dispatch__`, so the IR stays purely functional while users keep
 eager aliasing semantics.  Autograd runs on the wrapper, above all of this.
 
-An `LtcTensor` is immutable in value: it names output `_idx` of IR node `_node`.  Syncing only
-swaps that node for a DEVICE_DATA node holding (a placeholder for) the same value.
+An `LtcTensor` is immutable in value: it names output `_v[1]` of IR node `_v[0]`.  Syncing only
+swaps that pair for a DEVICE_DATA node holding (a placeholder for) the same value.
 """
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class LtcTensor(torch.Tensor):
-    """A lazy tensor: output `_idx` of IR node `_node`, on lazy device `_ctx`."""
+    """A lazy tensor: output `_v[1]` of IR node `_v[0]`, on lazy device `_ctx`.
 
-    _node: Node
-    _idx: int
+    `_v` is one tuple so that readers on other threads see a consistent (node, index) pair
+    while `mark_step` swaps it for device data; `_m` is the (fixed) shape/stride/dtype.
+    """
+
+    _v: tuple[Node, int]
+    _m: TensorMeta
     _ctx: Any
     _id: int
 
@@ -37,15 +41,15 @@ class LtcTensor(torch.Tensor):
         _counters["DestroyLtcTensor"] = _counters.get("DestroyLtcTensor", 0) + 1
 
     def __repr__(self) -> str:  # the inner tensor: users normally see the functional wrapper
-        meta = self._node.outputs[self._idx]
-        return f"LtcTensor({self._node.name}, shape={tuple(meta.shape)}, dtype={meta.dtype}, device={self._ctx.device})"
+        meta = self._m
+        return f"LtcTensor({self._v[0].name}, shape={tuple(meta.shape)}, dtype={meta.dtype}, device={self._ctx.device})"
 
 
 def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta) -> LtcTensor:
     t = _make_wrapper(LtcTensor, meta.shape, meta.stride, dtype=meta.dtype, device=ctx.device)
     _counters["CreateLtcTensor"] = _counters.get("CreateLtcTensor", 0) + 1
-    t._node = node
-    t._idx = idx
+    t._v = (node, idx)
+    t._m = meta
     t._ctx = ctx
     if node.op is not _DEVICE_DATA:
         ctx.register(t)

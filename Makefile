@@ -1,0 +1,32 @@
+# Two commands do the whole set-up on a fresh machine:
+#   make demo   -> creates .venv, installs, trains the digits classifier on ltc:0
+#   make test   -> creates .venv, installs, runs the test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned for development and tests: this machine has a local CPU wheel of 2.13.0, an
+# unpinned install would pull a multi-GB CUDA build.  The package itself accepts a range.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test bench conformance clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/python examples/train_mlp.py
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+bench: setup
+	$(BIN)/python benchmarks/bench_lazy.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
