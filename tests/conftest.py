@@ -1,6 +1,11 @@
-"""Shared fixtures.  Tests run on whatever devices LTC_ASYNC_DEVICES configures (default: one
-CPU device); multi-device tests start their own subprocesses."""
+"""Shared fixtures.  Tests run on the devices LTC_ASYNC_DEVICES configures (default here: two
+virtual CPU devices, ltc:0 and ltc:1)."""
 from __future__ import annotations
+
+import os
+
+# Two virtual CPU devices unless the caller chose: multi-device behaviour is tested in-process.
+os.environ.setdefault("LTC_ASYNC_DEVICES", "cpu,cpu")
 
 import pytest
 import torch

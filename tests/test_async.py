@@ -1,0 +1,264 @@
+"""Asynchronous execution: latency of mark_step, ordering, per-device waits, errors, closures,
+thread safety, bounded memory, shutdown."""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import ltc_async as ltc
+from conftest import assert_eager
+from ltc_async.executor import arena
+
+
+def _heavy(x: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x = torch.tanh(x @ x)
+    return x
+
+
+def _heavy_input(seed: int = 0, size: int = 768) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(size, size, generator=g) / size ** 0.5
+
+
+def test_mark_step_returns_before_execution_finishes():
+    x = _heavy_input().to("ltc:0")
+    _heavy(x, 12)
+    ltc.mark_step(wait=True)             # warm-up: compile + TorchScript profiling runs
+    y = _heavy(x, 12)
+    t0 = time.perf_counter()
+    ltc.mark_step()
+    t_mark = time.perf_counter() - t0
+    ltc.wait_device_ops()
+    t_total = time.perf_counter() - t0
+    assert t_total > 0.05, "the graph should take a noticeable time to execute"
+    assert t_mark < 0.2 * t_total, (t_mark, t_total)
+    assert_eager(y, _heavy(x.cpu(), 12), rtol=1e-4, atol=1e-5)
+
+
+def test_dependent_steps_are_ordered_without_host_wait():
+    host = _heavy_input(1)
+    x = host.to("ltc:0")
+    ctx = arena.get("ltc:0")
+    _heavy(x, 8)
+    ltc.mark_step(wait=True)
+    a = _heavy(x, 8)
+    ltc.mark_step()
+    first = ctx.last
+    b = a * 2 + 1                        # consumes step 1's placeholder output
+    ltc.mark_step()
+    assert not first.done(), "tracing and scheduling step 2 must not have waited for step 1"
+    c = b.sum(0)
+    ref_a = _heavy(host, 8)
+    assert_eager(c, (ref_a * 2 + 1).sum(0), rtol=1e-4, atol=1e-4)
+    assert_eager(a, ref_a, rtol=1e-4, atol=1e-5)
+
+
+def test_wait_and_read_touch_only_the_devices_they_need():
+    busy = _heavy_input(2).to("ltc:1")
+    _heavy(busy, 10)
+    ltc.mark_step("ltc:1", wait=True)
+    slow = _heavy(busy, 10)
+    ltc.mark_step("ltc:1")
+    quick = torch.arange(4.0).to("ltc:0") * 3
+    ltc.mark_step("ltc:0")
+    t0 = time.perf_counter()
+    ltc.wait_device_ops(["ltc:0"])
+    assert quick.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
+    t_quick = time.perf_counter() - t0
+    assert not arena.get("ltc:1").last.done(), "ltc:0's wait must not have waited for ltc:1"
+    ltc.wait_device_ops(["ltc:1"])
+    t_slow = time.perf_counter() - t0
+    assert t_quick < 0.5 * t_slow, (t_quick, t_slow)
+    assert slow.device == torch.device("ltc:1")
+
+
+def _bad_gather():
+    x = torch.arange(5.0).to("ltc:0")
+    idx = torch.tensor([0, 7]).to("ltc:0")   # out of range: only the execution can tell
+    return x, x.index_select(0, idx) * 2
+
+
+def test_execution_error_is_reraised_once_and_device_recovers():
+    x, bad = _bad_gather()
+    ltc.mark_step()                          # scheduling succeeds; the device fails later
+    with pytest.raises(ltc.ExecutionError) as info:
+        ltc.wait_device_ops()
+    msg = str(info.value)
+    assert "test_async.py" in msg and "ltc:0" in msg       # where the graph was scheduled
+    assert info.value.__cause__ is not None and "index" in str(info.value.__cause__).lower()
+    ltc.wait_device_ops()                    # exactly once: nothing pending any more
+    with pytest.raises(ltc.ComputationError, match="failed") as info2:
+        bad.cpu()                            # reading the failed tensor: a clear error, no hang
+    assert info2.value.__cause__ is info.value.__cause__
+    assert_eager(x * 3, torch.arange(5.0) * 3)   # the device is still usable
+    y = x + 1
+    ltc.mark_step()
+    ltc.wait_device_ops()
+    assert_eager(y, torch.arange(5.0) + 1)
+
+
+def test_reading_failed_tensor_consumes_the_device_error():
+    _, bad = _bad_gather()
+    with pytest.raises(ltc.ComputationError):
+        bad.cpu()
+    ltc.wait_device_ops()                    # already reported through the read
+
+
+def test_next_sync_on_device_reraises_pending_error():
+    _, bad = _bad_gather()
+    ltc.mark_step()
+    good = torch.ones(3).to("ltc:0") * 2
+    with pytest.raises(ltc.ExecutionError):
+        good.cpu()                           # the next sync touching ltc:0 reports it
+    assert good.cpu().tolist() == [2.0, 2.0, 2.0]
+    del bad
+
+
+def test_failed_input_propagates_to_consumers():
+    _, bad = _bad_gather()
+    ltc.mark_step()
+    later = bad.sum() + 1                    # consumes a placeholder that will fail
+    ltc.mark_step()
+    with pytest.raises(ltc.ExecutionError):
+        ltc.wait_device_ops()
+    with pytest.raises(ltc.ComputationError):
+        later.item()
+
+
+def test_sync_only_materializes_given_tensors(metrics):
+    a = torch.randn(3).to("ltc:0")
+    b = a * 2
+    c = a * 3
+    ltc.sync([b])
+    assert metrics.counter_value("SyncTensorsGraphCount") == 1
+    assert_eager(b, a.cpu() * 2)
+    assert_eager(c, a.cpu() * 3)
+    outs = ltc.to_cpu([b, c])
+    torch.testing.assert_close(outs[1], a.cpu() * 3)
+
+
+def test_step_closures_see_step_values():
+    torch.manual_seed(0)
+    w = torch.randn(4).to("ltc:0")
+    seen_sync, seen_async = [], []
+    expected = []
+    for step in range(5):
+        w = w * 0.5 + 1
+        expected.append(w.cpu().sum().item() if step == 0 else expected[-1] * 0.5 + 4)
+        ltc.add_step_closure(lambda t: seen_sync.append(t.sum().item()), (w,))
+        ltc.add_step_closure(lambda t, s=step: seen_async.append((s, t.sum().item())), (w,), run_async=True)
+        ltc.mark_step()
+        assert len(seen_sync) == step + 1     # synchronous closures ran before mark_step returned
+    ltc.wait_device_ops()
+    assert [s for s, _ in seen_async] == list(range(5))   # step order
+    torch.testing.assert_close(torch.tensor(seen_sync), torch.tensor(expected))
+    torch.testing.assert_close(torch.tensor([v for _, v in seen_async]), torch.tensor(expected))
+
+
+def test_async_step_closure_error_reraised_at_next_barrier():
+    def boom() -> None:
+        raise KeyError("closure failed")
+    ltc.add_step_closure(boom, run_async=True)
+    ltc.mark_step()
+    with pytest.raises(RuntimeError, match="closure failed") as info:
+        ltc.wait_device_ops()
+    assert isinstance(info.value.__cause__, KeyError)
+    ltc.wait_device_ops()                    # once only
+    ran = threading.Event()
+
+    def boom_later() -> None:
+        ran.set()
+        raise KeyError("second failure")
+    ltc.add_step_closure(boom_later, run_async=True)
+    ltc.mark_step()
+    assert ran.wait(30)
+    from ltc_async.api import _closures
+    _closures.drain()      # the closure finished and its error is recorded (no barrier ran)
+    with pytest.raises(RuntimeError, match="second failure"):
+        ltc.mark_step()    # the next mark_step reports it
+    ltc.wait_device_ops()
+
+
+def test_threads_trace_and_sync_concurrently():
+    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            g = torch.Generator().manual_seed(k)
+            host = torch.randn(32, 32, generator=g)
+            dev = f"ltc:{k % 2}"
+            x = host.to(dev)
+            ref = host
+            for i in range(30):
+                x = torch.relu(x @ x.t() / 32 + 0.1 * i)
+                ref = torch.relu(ref @ ref.t() / 32 + 0.1 * i)
+                if i % 7 == 0:
+                    ltc.mark_step(dev)
+                if i % 11 == 0:
+                    x.sum().item()
+            results[k] = (x.cpu(), ref)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
+    assert not errors, errors
+    assert len(results) == 8
+    for lazy, ref in results.values():
+        torch.testing.assert_close(lazy, ref, rtol=1e-4, atol=1e-4)
+
+
+def _count(cls: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is cls)
+
+
+def test_long_loop_has_bounded_memory():
+    from ltc_async.executor import graph_executor as gx
+    from ltc_async.executor.futures import BackendData, Future
+    from ltc_async.ir.node import Node
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to("ltc:0")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(8, 16).to("ltc:0")
+    ctx = arena.get("ltc:0")
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            ltc.mark_step()
+        ltc.wait_device_ops()
+    run(50)
+    base = (_count(Node), _count(BackendData), _count(Future), len(gx.cache), ctx.live_count())
+    run(2000)
+    after = (_count(Node), _count(BackendData), _count(Future), len(gx.cache), ctx.live_count())
+    assert after == base, f"(nodes, data, futures, cache, live) grew from {base} to {after}"
+    assert all(torch.isfinite(p.cpu()).all() for p in model.parameters())
+
+
+def test_exit_with_queued_work_does_not_hang():
+    code = ("import torch, ltc_async as ltc\n"
+            "x = torch.randn(512, 512).to('ltc:0') / 23\n"
+            "for _ in range(3):\n"
+            "    for _ in range(6): x = torch.tanh(x @ x)\n"
+            "    ltc.mark_step()\n"
+            "print('scheduled', flush=True)\n")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "scheduled" in r.stdout
+    assert time.perf_counter() - t0 < 60
