@@ -79,12 +79,8 @@ def sync(tensors: Sequence[torch.Tensor], wait: bool = True) -> None:
 
 
 def _schedule(inner: list[LtcTensor]) -> list[Future]:
-    by_ctx: dict[int, list[LtcTensor]] = {}
-    for t in inner:
-        by_ctx.setdefault(t._ctx.index, []).append(t)
+    gx.sync_multi(inner)
     futures = []
-    for group in by_ctx.values():
-        gx.sync_tensors(group[0]._ctx, group)
     for t in inner:
         f = t._v[0].data.future
         if f is not None:

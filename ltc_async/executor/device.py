@@ -91,7 +91,7 @@ class DeviceContext:
         self.device = torch.device("ltc", index)
         self.backend = backend
         self.backend_device = backend_device
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entrant: a barrier may hold it around a sync
         self.worker = DeviceWorker(f"ltc:{index}-worker",
                                    lambda: backend.worker_init(backend_device, threads))
         self._live: dict[int, weakref.ref] = {}

@@ -29,7 +29,7 @@ from .._config import config
 from ..backend import Computation
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
 from . import arena
-from .device import DeviceContext, ExecutionError, caller_location
+from .device import DeviceContext, ExecutionError, caller_location, lock_devices
 from .futures import BackendData, ComputationError, Future, MultiWait
 
 
@@ -127,22 +127,47 @@ def compile_plan(ctx: DeviceContext, plan: GraphPlan) -> Computation:
 
 def sync_tensors(ctx: DeviceContext, tensors: Sequence[Any], label: str | None = None) -> Future | None:
     """Schedule the pending IR of `tensors` (all on `ctx`) as one graph; return its future."""
-    t0 = time.perf_counter()
     with ctx.lock:
-        roots, pending, which = _roots_of(tensors)
-        if not roots:
-            return None
-        plan = GraphPlan(roots)
-        comp = compile_plan(ctx, plan)
-        future = Future(label or caller_location(), ctx)
-        datas = [BackendData(ctx, n.outputs[i], future=future, index=j) for j, (n, i) in enumerate(roots)]
-        dnodes = [make_data_node(d, d.meta) for d in datas]
-        for t, r in zip(pending, which):
-            t._v = (dnodes[r], 0)
-            ctx.unregister(t)
-        ctx.inflight.acquire()  # bounded queue: wait here if the device is far behind
-        ctx.worker.submit(lambda: _run(ctx, comp, plan.inputs, future))
-        ctx.last = future
+        return _sync_locked(ctx, tensors, label)
+
+
+def sync_multi(tensors: Sequence[Any], label: str | None = None) -> list[Future]:
+    """Schedule the pending IR of tensors on any devices: one graph per device, all cut under
+    one barrier across their lockers (LTC's `TensorCollectionBarrier`), so a concurrent
+    `mark_step` sees either none or all of them scheduled."""
+    groups: dict[int, list[Any]] = {}
+    for t in tensors:
+        groups.setdefault(t._ctx.index, []).append(t)
+    if len(groups) == 1:
+        (group,) = groups.values()
+        f = sync_tensors(group[0]._ctx, group, label)
+        return [f] if f is not None else []
+    ctxs = [g[0]._ctx for g in groups.values()]
+    futures = []
+    with lock_devices(ctxs):
+        for group in groups.values():
+            f = _sync_locked(group[0]._ctx, group, label)
+            if f is not None:
+                futures.append(f)
+    return futures
+
+
+def _sync_locked(ctx: DeviceContext, tensors: Sequence[Any], label: str | None) -> Future | None:
+    t0 = time.perf_counter()
+    roots, pending, which = _roots_of(tensors)
+    if not roots:
+        return None
+    plan = GraphPlan(roots)
+    comp = compile_plan(ctx, plan)
+    future = Future(label or caller_location(), ctx)
+    datas = [BackendData(ctx, n.outputs[i], future=future, index=j) for j, (n, i) in enumerate(roots)]
+    dnodes = [make_data_node(d, d.meta) for d in datas]
+    for t, r in zip(pending, which):
+        t._v = (dnodes[r], 0)
+        ctx.unregister(t)
+    ctx.inflight.acquire()  # bounded queue: wait here if the device is far behind
+    ctx.worker.submit(lambda: _run(ctx, comp, plan.inputs, future))
+    ctx.last = future
     metrics.counter("SyncTensorsGraphCount")
     metrics.add_sample("SyncTensorsGraph", time.perf_counter() - t0)
     return future
@@ -199,11 +224,7 @@ def materialize(tensors: Sequence[Any]) -> list[torch.Tensor]:
     Raises `ComputationError` when a tensor's computation failed, and the device's pending
     execution error (once) when another execution on a touched device failed.
     """
-    by_ctx: dict[int, list[Any]] = {}
-    for t in tensors:
-        by_ctx.setdefault(t._ctx.index, []).append(t)
-    for group in by_ctx.values():
-        sync_tensors(group[0]._ctx, group)
+    sync_multi(tensors)
     out = []
     for t in tensors:
         data = t._v[0].data
@@ -213,8 +234,8 @@ def materialize(tensors: Sequence[Any]) -> list[torch.Tensor]:
             t._ctx.discard_error(e.__cause__)
             raise
         out.append(t._ctx.backend.to_torch(value))
-    for group in by_ctx.values():
-        group[0]._ctx.check_error()
+    for ctx in {t._ctx.index: t._ctx for t in tensors}.values():
+        ctx.check_error()
     return out
 
 
@@ -223,10 +244,11 @@ def mark_step(ctxs: Sequence[DeviceContext], wait: bool = False) -> list[Future]
     label = caller_location()
     metrics.counter("MarkStep")
     futures = []
-    for ctx in ctxs:
-        f = sync_tensors(ctx, ctx.live_tensors(), label)
-        if f is not None:
-            futures.append(f)
+    with lock_devices(ctxs):
+        for ctx in ctxs:
+            f = _sync_locked(ctx, ctx.live_tensors(), label)
+            if f is not None:
+                futures.append(f)
     if wait:
         wait_device_ops(ctxs)
     return futures
