@@ -60,6 +60,15 @@ class TSLowering:
             v = self._plain(v)
         return self.graph.insertConstant(v)
 
+    def empty_list(self, t: torch._C.JitType) -> torch._C.Value:
+        """`[]` needs its element type, which TorchScript cannot infer from a constant."""
+        if isinstance(t, OptionalType):
+            t = t.getElementType()
+        lc = self.graph.create("prim::ListConstruct", [], 1)
+        self.graph.insertNode(lc)
+        lc.output().setType(t if isinstance(t, ListType) else ListType.ofInts())
+        return lc.output()
+
     def _plain(self, v: Any) -> Any:
         if isinstance(v, (torch.memory_format, torch.layout)):
             return _ENUMS[v]
@@ -82,7 +91,8 @@ class TSLowering:
                 elif e[0] is RNG:
                     scalar_vals[e[1]] = self.input(OptionalType(_GEN), IN_GENERATOR)
         args = []
-        for e in node.template:
+        schema_args = node.op._schema.arguments
+        for k, e in enumerate(node.template):
             if type(e) is tuple and e and type(e[0]) is Tag:
                 tag = e[0]
                 if tag is TENSOR:
@@ -96,6 +106,8 @@ class TSLowering:
                     args.append(lc.output())
                 else:  # SCALAR / RNG
                     args.append(scalar_vals[e[1]])
+            elif type(e) is tuple and not e:
+                args.append(self.empty_list(schema_args[k].type))
             else:
                 args.append(self.constant(e))
         schema = node.op._schema

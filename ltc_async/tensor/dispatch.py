@@ -394,8 +394,11 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         out = func(value, **kwargs)
         meta = x._m
         if tuple(out.stride()) != meta.stride and kwargs.get("memory_format") in (None, torch.preserve_format):
-            fixed = torch.empty_strided(meta.shape, meta.stride, dtype=out.dtype, device=out.device)
-            out = fixed.copy_(out)
+            # eager's layout for this copy: what preserve_format makes of the lazy tensor's strides
+            like = torch.empty_strided(meta.shape, meta.stride, dtype=out.dtype, device=_META)
+            fixed = torch.empty_like(like, device=out.device)
+            if tuple(fixed.stride()) != tuple(out.stride()):
+                out = fixed.copy_(out)
         return out
     if device is not None and arena.get(device) is not x._ctx:
         x = transfer(x, arena.get(device))
