@@ -50,7 +50,7 @@ class OpInfo:
 
     __slots__ = ("op", "name", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded",
-                 "dynamic_shape", "view_op", "is_inplace_or_out")
+                 "dynamic_shape", "view_op", "written", "is_inplace_or_out")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -73,7 +73,15 @@ class OpInfo:
         tags = op.tags
         self.seeded = torch.Tag.nondeterministic_seeded in tags
         self.dynamic_shape = torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags
-        self.is_inplace_or_out = schema.is_mutable
+        # Arguments the op writes in place.  c10d collectives (`c10d::allreduce_`, ...) mutate
+        # their first argument without saying so in the schema.
+        ns = schema.name.split("::")[0]
+        if ns == "c10d" and schema.name.endswith("_"):
+            self.written: tuple[int, ...] = (0,)
+        else:
+            self.written = tuple(i for i, a in enumerate(schema.arguments)
+                                 if a.alias_info is not None and a.alias_info.is_write)
+        self.is_inplace_or_out = bool(self.written)
         # For `x_copy` ops produced by functionalization, the view op `x` gives eager's strides.
         base = schema.name.split("::")[-1]
         self.view_op = None

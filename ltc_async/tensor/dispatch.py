@@ -52,12 +52,10 @@ def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> A
     if name is None:
         name = _counter_names[func] = "ltc::" + info.name.split(".")[0]
     metrics.counter(name)
+    if info.is_inplace_or_out:
+        return mutating_host_op(func, info, args, kwargs or {})
     if not info.returns_only_tensors:
         return host_op(func, info, args, kwargs or {})
-    if info.is_inplace_or_out:
-        raise RuntimeError(f"ltc_async: the mutating op {info.name} reached the lazy backend; "
-                           "lazy tensors are expected to be functionalized (use tensors created "
-                           "by ltc_async, not bare LtcTensor objects)")
     full = info.bind(args, kwargs) if (kwargs or len(args) != len(info.kinds)) else list(args)
     return trace(func, info, full)
 
@@ -337,7 +335,7 @@ def _materialize_args(args: Any, kwargs: dict) -> tuple[Any, dict, DeviceContext
     def repl(v: Any) -> Any:
         if type(v) is LtcTensor:
             return mapping[id(v)]
-        if type(v) in (list, tuple) and any(type(e) is LtcTensor for e in v):
+        if type(v) in (list, tuple):
             return type(v)(repl(e) for e in v)
         if isinstance(v, torch.device) and v.type == "ltc":
             return arena.get(v).backend_device
@@ -377,6 +375,68 @@ def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     out = func(*hargs, **hkwargs)
     return _wrap_outputs(out, ctx) if ctx is not None else out
+
+
+def mutating_host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    """Ops that write their arguments and have no functional form (torch.distributed's
+    `c10d::allreduce_` and friends): run on host copies at this point of the program, then
+    point the written lazy tensors at the results.  Device data stays immutable."""
+    metrics.counter("HostMutation")
+    metrics.counter("HostMutation::" + info.name)
+    full = info.bind(args, kwargs)
+    written: dict[int, LtcTensor] = {}
+
+    def lazy_in(v: Any) -> list[LtcTensor]:
+        if type(v) is LtcTensor:
+            return [v]
+        if type(v) in (list, tuple):
+            return [t for e in v for t in lazy_in(e)]
+        return []
+    for i in info.written:
+        for t in lazy_in(full[i]):
+            written[id(t)] = t
+    n = info.n_positional_max
+    hargs, hkwargs, _ = _materialize_args(full[:n], {info.arg_names[i]: full[i] for i in range(n, len(full))})
+    clones: dict[int, tuple[torch.Tensor, LtcTensor]] = {}  # id(host copy) -> (copy, lazy)
+
+    def clone_written(v: Any, lazy: Any) -> Any:
+        if type(lazy) is LtcTensor and id(lazy) in written:
+            c = v.clone()
+            clones[id(c)] = (c, lazy)
+            return c
+        if type(lazy) in (list, tuple):
+            return type(v)(clone_written(a, b) for a, b in zip(v, lazy))
+        return v
+    for i in info.written:
+        if i < n:
+            hargs[i] = clone_written(hargs[i], full[i])
+        else:
+            name = info.arg_names[i]
+            hkwargs[name] = clone_written(hkwargs[name], full[i])
+    out = func(*hargs, **hkwargs)
+    for o in (out if isinstance(out, tuple) else (out,)):
+        if hasattr(o, "wait") and not isinstance(o, torch.Tensor):
+            o.wait()  # a c10d Work: the host copies are complete before lazy work reads them
+    results: dict[int, LtcTensor] = {}
+    for key, (host, lazy) in clones.items():
+        lazy._v = adopt(lazy._ctx, host)._v  # the written lazy tensor now names the result
+        lazy._ctx.unregister(lazy)
+        results[key] = lazy
+
+    def back(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            lazy = results.get(id(o))
+            return lazy if lazy is not None else adopt(_ctx_of(written), o)
+        if isinstance(o, list):
+            return [back(e) for e in o]
+        if isinstance(o, tuple):
+            return tuple(back(e) for e in o)
+        return o
+    return back(out)
+
+
+def _ctx_of(tensors: dict[int, LtcTensor]) -> DeviceContext:
+    return next(iter(tensors.values()))._ctx if tensors else arena.get(None)
 
 
 # -- special ops --------------------------------------------------------------------------

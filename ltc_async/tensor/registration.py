@@ -6,7 +6,8 @@
   `device="ltc:N"` (factories: `empty`, `empty_strided`, `arange`, ...) land there; everything
   else reaches `LtcTensor.__torch_dispatch__` through the Python key;
 * results of user-level factory calls are wrapped for functionalization (see `lazy_tensor.py`);
-* `print(t)` copies to the host once instead of tracing the printing code's indexing ops.
+* `print(t)` copies to the host once instead of tracing the printing code's indexing ops;
+* backward passes over ltc tensors run in the calling thread (see `_patch_autograd_engine`).
 """
 from __future__ import annotations
 
@@ -96,6 +97,27 @@ def _patch_printing() -> None:
     ts._str = _str
 
 
+def _patch_autograd_engine() -> None:
+    """Run backward passes over ltc tensors in the calling thread.
+
+    The autograd engine gives each non-CPU device index a worker queue, sized by the device
+    guard's device count, which a pure-Python PrivateUse1 guard fixes at 1: a backward on
+    `ltc:1` would fail an internal assert.  With multithreading disabled for the call, the
+    engine runs everything on the caller's CPU queue, which also spares a thread hop per
+    backward (the work is only tracing anyway).
+    """
+    import torch.autograd as autograd
+    original = autograd._engine_run_backward
+
+    def _engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        for t in t_outputs:
+            if isinstance(t, torch.Tensor) and t.device.type == "ltc":
+                with autograd.set_multithreading_enabled(False):
+                    return original(t_outputs, *args, **kwargs)
+        return original(t_outputs, *args, **kwargs)
+    autograd._engine_run_backward = _engine_run_backward
+
+
 def register() -> None:
     global _registered, _lib
     if _registered:
@@ -104,4 +126,5 @@ def register() -> None:
     _lib = torch.library.Library("_", "IMPL")
     _lib.fallback(_privateuse1_fallback, dispatch_key="PrivateUse1")
     _patch_printing()
+    _patch_autograd_engine()
     _registered = True
