@@ -351,7 +351,7 @@ def main(argv=None) -> int:
     p.add_argument("--big-warmup", type=int)
     args = p.parse_args(argv)
 
-    defaults = dict(trace_rounds=15, mlp_steps=50, mlp_rounds=7, mlp_warmup=30,
+    defaults = dict(trace_rounds=15, mlp_steps=50, mlp_rounds=15, mlp_warmup=30,
                     big_steps=5, big_rounds=4, big_warmup=10)
     if args.quick:
         defaults = dict(trace_rounds=3, mlp_steps=10, mlp_rounds=2, mlp_warmup=10,

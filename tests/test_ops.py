@@ -149,6 +149,8 @@ UNARY_BINARY = [
      lambda: (A(),)),
     ("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.5), lambda: (A(), B(), P())),
     ("lerp", lambda a, b: torch.lerp(a, b, 0.3), lambda: (A(), B())),
+    ("atan2_erf_fmod", lambda a, b: (torch.atan2(a, b), torch.erf(a), torch.fmod(a, 0.7)), lambda: (A(), B())),
+    ("round_decimals_trunc_frac", lambda a: (torch.round(a, decimals=2), a.trunc(), a.frac()), lambda: (A() * 3,)),
     ("bitwise_int", lambda a, b: (a & b, a | b, a ^ b),
      lambda: (ri(3, 4, lo=0, hi=64, seed=1), ri(3, 4, lo=0, hi=64, seed=2))),
 ]
@@ -188,6 +190,12 @@ REDUCTIONS = [
     ("mse_loss", F.mse_loss, lambda: (A(), B())),
     ("layer_norm", lambda a: F.layer_norm(a, (4,)), lambda: (A(),)),
     ("sort", lambda a: tuple(torch.sort(a, dim=1)), lambda: (A(),)),
+    ("argsort_kthvalue_median", lambda a: (a.argsort(1), tuple(a.kthvalue(2, 1)), a.median()), lambda: (A(),)),
+    ("cumprod_logcumsumexp", lambda a: (a.cumprod(0), a.logcumsumexp(1)), lambda: (A(),)),
+    ("nll_loss", lambda a, t: F.nll_loss(F.log_softmax(a, 1), t), lambda: (A(), torch.tensor([1, 0, 3]))),
+    ("bce_with_logits", lambda a, b: F.binary_cross_entropy_with_logits(a, (b > 0).float()), lambda: (A(), B())),
+    ("batch_norm_eval", lambda a, m, v: F.batch_norm(a, m, v), lambda: (A(), rn(4, seed=5), pos(4, seed=6))),
+    ("normalize_cosine", lambda a, b: (F.normalize(a, dim=1), F.cosine_similarity(a, b)), lambda: (A(), B())),
     ("topk", lambda a: tuple(torch.topk(a, 2, dim=1)), lambda: (A(),)),
 ]
 
@@ -209,6 +217,13 @@ LINALG = [
      lambda: (rn(4, 4, seed=1), rn(3, seed=2))),
     ("linear", F.linear, lambda: (rn(3, 5, seed=1), rn(4, 5, seed=2), rn(4, seed=3))),
     ("linear_nobias", F.linear, lambda: (rn(2, 3, 5, seed=1), rn(4, 5, seed=2))),
+    ("baddbmm", torch.baddbmm, lambda: (rn(2, 3, 3, seed=3), rn(2, 3, 4, seed=1), rn(2, 4, 3, seed=2))),
+    ("tensordot_outer", lambda a, b: (torch.tensordot(a, b, dims=([1], [1])), torch.outer(a[0], b[1])),
+     lambda: (A(), B())),
+    ("matmul_int_double", lambda a, b, c: (a @ a.t(), b.double() @ c.double().t()), lambda: (ri(3, 4), A(), B())),
+    ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+     lambda: (rn(1, 2, 3, 4, seed=1), rn(1, 2, 3, 4, seed=2), rn(1, 2, 3, 4, seed=3))),
+    ("max_avg_pool2d", lambda a: (F.max_pool2d(a, 2), F.avg_pool2d(a, 2)), lambda: (rn(1, 2, 4, 4),)),
     ("conv2d", lambda x, w: F.conv2d(x, w, padding=1), lambda: (rn(1, 2, 5, 5, seed=1), rn(3, 2, 3, 3, seed=2))),
 ]
 
@@ -219,6 +234,14 @@ VIEWS = [
     ("reshape_noncontig", lambda a: a.t().reshape(-1), lambda: (A(),)),
     ("permute", lambda a: a.permute(2, 0, 1), lambda: (rn(2, 3, 4),)),
     ("permute_contig", lambda a: a.permute(2, 0, 1).contiguous() * 1, lambda: (rn(2, 3, 4),)),
+    ("t_contiguous_view", lambda a: a.t().contiguous().view(-1), lambda: (A(),)),
+    ("transpose_flatten", lambda a: a.transpose(0, 1).flatten(), lambda: (A(),)),
+    ("attention_heads_merge", lambda a: a.view(2, 3, 2, 2).permute(0, 2, 1, 3).contiguous().view(2, 2, 6),
+     lambda: (rn(2, 3, 4),)),
+    ("repeat_interleave", lambda a: a.repeat_interleave(2, dim=0), lambda: (A(),)),
+    ("movedim_mT", lambda a: (a.movedim(0, -1), a.mT), lambda: (rn(2, 3, 4),)),
+    ("view_as_dtype", lambda a: a.view(torch.int32), lambda: (A(),)),
+    ("unfold", lambda a: a.unfold(1, 2, 1), lambda: (A(),)),
     ("transpose", lambda a: a.transpose(0, 2), lambda: (rn(2, 3, 4),)),
     ("t", lambda a: a.t(), lambda: (A(),)),
     ("mT_then_op", lambda a, b: a.t() + b, lambda: (rn(4, 3, seed=1), B())),
@@ -269,6 +292,14 @@ INDEXING = [
     ("index_long_2d", lambda a, i, j: a[i, j], lambda: (A(), torch.tensor([0, 2, 1]), torch.tensor([3, 0, 1]))),
     ("index_long_cols", lambda a, i: a[:, i], lambda: (A(), torch.tensor([3, 0]))),
     ("index_host_long", lambda a: a[torch.tensor([1, 0])], lambda: (A(),)),
+    ("index_python_list", lambda a: a[[0, 2]], lambda: (A(),)),
+    ("index_slice_and_list", lambda a: a[1:3, [0, 3]], lambda: (A(),)),
+    ("none_ellipsis_index", lambda a: a[None, ..., None], lambda: (A(),)),
+    ("index_fill", lambda a, i: a.index_fill(1, i, -1.0), lambda: (A(), torch.tensor([0, 2]))),
+    ("index_copy", lambda a, b, i: a.index_copy(0, i, b[:2]), lambda: (A(), B(), torch.tensor([2, 0]))),
+    ("take_take_along_dim", lambda a, i: (a.take(i), torch.take_along_dim(a, a.argmax(1, keepdim=True), 1)),
+     lambda: (A(), torch.tensor([0, 5, 11]))),
+    ("masked_scatter", lambda a, b: a.masked_scatter(a > 0, b), lambda: (A(), B())),
     ("masked_fill", lambda a: a.masked_fill(a > 0.5, -1.0), lambda: (A(),)),
     ("masked_fill_tensor_value", lambda a, v: a.masked_fill(a < 0, v), lambda: (A(), torch.tensor(9.0))),
     ("embedding", F.embedding, lambda: (torch.tensor([[0, 2], [1, 1]]), rn(3, 4))),
@@ -312,20 +343,7 @@ ALL_CASES = UNARY_BINARY + REDUCTIONS + LINALG + VIEWS + INDEXING + CASTS + PROM
 assert len({c[0] for c in ALL_CASES}) == len(ALL_CASES), "duplicate case ids"
 
 # Cases that fail because of engine bugs: id -> reason.  (Filled in after running the suite.)
-KNOWN_BUGS: dict[str, str] = {
-    "reshape_noncontig": "reshape of a transposed ltc tensor raises 'view size is not compatible'",
-    "expand": "copying an expanded (stride-0) ltc tensor to the host raises 'more than one element "
-              "of the written-to tensor refers to a single memory location'",
-    # factories (see test_factory_on_device)
-    "arange": "torch.arange(..., device='ltc:0') reaches the backend as arange.start_out",
-    "arange_start_step": "torch.arange(..., device='ltc:0') reaches the backend as arange.start_out",
-    "arange_float": "torch.arange(..., device='ltc:0') reaches the backend as arange.start_out",
-    "eye": "torch.eye(..., device='ltc:0') reaches the backend as eye.m_out",
-    "eye_rect": "torch.eye(n, m, device='ltc:0') reaches the backend as eye.m_out",
-    "linspace": "torch.linspace(..., device='ltc:0') reaches the backend as linspace.out",
-    "linspace_neg": "torch.linspace(..., device='ltc:0') reaches the backend as linspace.out",
-    "tensor_ctor": "torch.tensor(data, device='ltc:0') hits an INTERNAL ASSERT (func != nullptr)",
-}
+KNOWN_BUGS: dict[str, str] = {}  # op case name -> one-line bug description (xfail strict)
 
 
 def _params(cases):
@@ -414,8 +432,6 @@ def test_tolist():
     assert (d[0, 0] * 0 + 5).tolist() == 5.0  # 0-dim -> Python number
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a dtype cast (t.long(), t.double()) returns a bare LtcTensor "
-                                       "(no functional wrapper): .tolist() raises 'not supported for tensor subclasses'")
 def test_tolist_after_cast():
     x = rn(2, 3) * 5
     d = x.to(DEV)
@@ -423,8 +439,6 @@ def test_tolist_after_cast():
     assert (d.double() + 1).tolist() == (x.double() + 1).tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: t.double() / t.long() on an ltc tensor returns a bare LtcTensor, "
-                                       "not the functional wrapper every other op returns")
 def test_cast_result_is_ordinary_ltc_tensor():
     """A cast result must behave like any other lazy tensor (plain torch.Tensor type, usable in-place)."""
     d = rn(2, 3).to(DEV)
@@ -433,8 +447,6 @@ def test_cast_result_is_ordinary_ltc_tensor():
     assert type(d.long()) is type(ref)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: in-place op on a dtype-cast result raises 'the mutating op "
-                                       "add_.Tensor reached the lazy backend'")
 def test_inplace_on_cast_result():
     x = rn(2, 3)
     e = x.double()

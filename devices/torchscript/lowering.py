@@ -25,6 +25,8 @@ IN_TENSOR, IN_SCALAR, IN_GENERATOR = 0, 1, 2
 
 
 _VIEW_NAMES: dict = {}
+_RESHAPES = {torch.ops.aten.view_copy.default, torch.ops.aten._unsafe_view.default,
+             torch.ops.aten._reshape_alias_copy.default}
 
 
 def _graph_op_name(op: torch._ops.OpOverload) -> str:
@@ -34,6 +36,11 @@ def _graph_op_name(op: torch._ops.OpOverload) -> str:
     if name is None:
         name = op._schema.name
         base = name.split("::")[-1]
+        if op in _RESHAPES:
+            # our values need not have the strides eager would give them (e.g. after a
+            # `contiguous()` that was the identity on values): reshape, never view
+            _VIEW_NAMES[op] = "aten::reshape"
+            return "aten::reshape"
         if base.endswith("_copy") and base != "_copy":
             packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
             view = getattr(packet, op._schema.overload_name or "default", None) if packet else None

@@ -50,7 +50,7 @@ class OpInfo:
 
     __slots__ = ("op", "name", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded",
-                 "dynamic_shape", "view_op", "written", "is_inplace_or_out")
+                 "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -89,6 +89,19 @@ class OpInfo:
             packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
             if packet is not None:
                 self.view_op = getattr(packet, schema.overload_name or "default", None)
+
+        # A random op without a Generator argument (`rand.default`, `rand_like.default`) is
+        # traced as its overload that takes one, so it draws from the per-device seed.
+        self.generator_twin = None
+        if self.seeded and not self.has_generator:
+            packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None)
+            want = set(self.arg_names) | {"generator"}
+            for name in (packet.overloads() if packet is not None else ()):
+                cand = getattr(packet, name)
+                names = [a.name for a in cand._schema.arguments]
+                if set(names) == want and not cand._schema.is_mutable:
+                    self.generator_twin = cand
+                    break
 
     def bind(self, args: tuple, kwargs: dict) -> list[Any]:
         """Full argument list in schema order, defaults filled in."""

@@ -33,7 +33,7 @@ from ..ir.schema import SCALAR as K_SCALAR
 from ..ir.schema import TENSOR as K_TENSOR
 from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
 from . import lazy_tensor
-from .lazy_tensor import LtcTensor, make_tensor
+from .lazy_tensor import LtcTensor, make_tensor, wrap
 
 aten = torch.ops.aten
 _FALLBACK = "fallback"                 # shape-cache value: run this signature eagerly
@@ -57,7 +57,25 @@ def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> A
     if not info.returns_only_tensors:
         return host_op(func, info, args, kwargs or {})
     full = info.bind(args, kwargs) if (kwargs or len(args) != len(info.kinds)) else list(args)
+    if info.seeded and not info.has_generator:
+        return _seeded(func, info, full)
     return trace(func, info, full)
+
+
+def _seeded(func: Any, info: OpInfo, full: list) -> Any:
+    """Random ops with no Generator argument: use the overload that has one, or PyTorch's
+    decomposition into ones that do (`native_dropout` -> `rand_like` -> `rand.generator`)."""
+    twin = info.generator_twin
+    if twin is not None:
+        tinfo = op_info(twin)
+        by_name = dict(zip(info.arg_names, full))
+        return trace(twin, tinfo, [by_name.get(n) for n in tinfo.arg_names])
+    from torch._decomp import decomposition_table
+    decomp = decomposition_table.get(func)
+    if decomp is not None:
+        n = info.n_positional_max
+        return decomp(*full[:n], **{info.arg_names[i]: full[i] for i in range(n, len(full))})
+    return trace(func, info, full)  # eager fallback or backend RNG: still correct in distribution
 
 
 lazy_tensor._dispatch = dispatch
@@ -161,7 +179,7 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
     skey = (func, tpl, tuple([n.outputs[i] for n, i in operands]))
     res = _shape_cache.get(skey)
     if res is None:
-        res = _infer(func, info, full)
+        res = _FALLBACK if func in _LAYOUT_DEPENDENT else _infer(func, info, full)
         if res is not _FALLBACK and not ctx.backend.can_lower(
                 Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1])):
             res = _FALLBACK
@@ -328,7 +346,7 @@ def _materialize_args(args: Any, kwargs: dict) -> tuple[Any, dict, DeviceContext
         collect(v)
     for v in kwargs.values():
         collect(v)
-    values = gx.materialize(found)
+    values = [_eager_layout(v, t._m) for t, v in zip(found, gx.materialize(found))]
     mapping = {id(t): v for t, v in zip(found, values)}
     ctx = found[0]._ctx if found else None
 
@@ -341,6 +359,16 @@ def _materialize_args(args: Any, kwargs: dict) -> tuple[Any, dict, DeviceContext
             return arena.get(v).backend_device
         return v
     return [repl(v) for v in args], {k: repl(v) for k, v in kwargs.items()}, ctx
+
+
+def _eager_layout(value: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
+    """The value with the strides eager would have given it (ops like `as_strided` read memory
+    layout, and compiled graphs are free to produce other layouts)."""
+    if tuple(value.stride()) == meta.stride or value.dim() == 0:
+        return value
+    like = torch.empty_strided(meta.shape, meta.stride, dtype=value.dtype, device=_META)
+    out = torch.empty_like(like, device=value.device)
+    return out.copy_(value)
 
 
 def _wrap_outputs(out: Any, ctx: DeviceContext) -> Any:
@@ -460,14 +488,17 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
             if tuple(fixed.stride()) != tuple(out.stride()):
                 out = fixed.copy_(out)
         return out
+    # Functionalization hands `_to_copy` results back unwrapped (it expects them to leave the
+    # functional world, as `.cpu()` does), so lazy results are wrapped here.
     if device is not None and arena.get(device) is not x._ctx:
         x = transfer(x, arena.get(device))
     kwargs = dict(kwargs)
     kwargs["device"] = x._ctx.device if device is not None else None
     if kwargs.get("dtype") in (None, x.dtype) and kwargs.get("memory_format") in (None, torch.preserve_format):
-        return x  # values are immutable: an unchanged copy is the same value
+        node, idx = x._v  # values are immutable: an unchanged copy is the same value
+        return wrap(make_tensor(x._ctx, node, idx, x._m))
     info = op_info(func)
-    return trace(func, info, info.bind((x,), kwargs))
+    return wrap(trace(func, info, info.bind((x,), kwargs)))
 
 
 def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -507,6 +538,35 @@ def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     return out, mean, invstd
 
 
+def copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """In-place copy across the lazy/host boundary, for the paths that bypass functionalization."""
+    if type(dst) is LtcTensor:
+        value = src if type(src) is LtcTensor else upload(dst._ctx, src)
+        if value._ctx is not dst._ctx:
+            value = transfer(value, dst._ctx)
+        if value._m.shape != dst._m.shape or value._m.dtype != dst._m.dtype:
+            info = op_info(aten.copy.default)
+            value = trace(aten.copy.default, info, [dst, value, False])
+        dst._v = value._v
+        if not dst._v[0].is_data:
+            dst._ctx.register(dst)
+        return dst
+    return dst.copy_(gx.materialize([src])[0])
+
+
+def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`torch.tensor(data, device="ltc")` fills a bare lazy tensor below functionalization and
+    ends with `lift_fresh` on it: this is where it enters the functional world."""
+    x = args[0]
+    metrics.counter("ltc::lift_fresh")
+    node, idx = x._v
+    return wrap(make_tensor(x._ctx, node, idx, x._m))
+
+
+# Ops that read memory layout: always run eagerly on values restrided to eager's layout.
+_LAYOUT_DEPENDENT = {aten.as_strided_copy.default, aten.as_strided_scatter.default,
+                     aten.as_strided.default}
+
 _IDENTITY = {aten.detach_copy.default, aten.alias_copy.default, aten.lift_fresh_copy.default,
              aten.clone.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default}
 
@@ -514,4 +574,6 @@ _SPECIAL: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.lift_fresh.default: _lift_fresh,
+    aten.lift_fresh_copy.default: _lift_fresh,
 }

@@ -38,7 +38,9 @@ class LtcTensor(torch.Tensor):
         return _dispatch(func, args, kwargs)
 
     def __del__(self) -> None:
-        _counters["DestroyLtcTensor"] = _counters.get("DestroyLtcTensor", 0) + 1
+        counters = _counters
+        if counters is not None:  # None while the interpreter tears modules down
+            counters["DestroyLtcTensor"] = counters.get("DestroyLtcTensor", 0) + 1
 
     def __repr__(self) -> str:  # the inner tensor: users normally see the functional wrapper
         meta = self._m

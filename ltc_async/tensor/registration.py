@@ -23,6 +23,7 @@ from .lazy_tensor import LtcTensor, wrap
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _registered = False
 _lib: Any = None
+_libs: list = []
 
 
 class _LtcDeviceModule:
@@ -60,6 +61,41 @@ class _LtcDeviceModule:
     def synchronize(device: Any = None) -> None:
         from ..api import wait_device_ops
         wait_device_ops(None if device is None else [device])
+
+
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """`dst.copy_(src)` below functionalization (how `torch.tensor(data, device="ltc")` fills its
+    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`."""
+    from .dispatch import copy_into
+    return copy_into(src, dst)
+
+
+def _factory_ops() -> list[tuple[str, Any]]:
+    """aten overloads that take no tensor, return tensors and accept a `device`."""
+    found = []
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::") or schema.is_mutable:
+            continue
+        names = [a.name for a in schema.arguments]
+        if "device" not in names or not schema.returns:
+            continue
+        if any("Tensor" in str(a.type) for a in schema.arguments):
+            continue
+        if not all(str(r.type) == "Tensor" for r in schema.returns):
+            continue
+        base = schema.name.split("::")[1]
+        overload = schema.overload_name or "default"
+        packet = getattr(torch.ops.aten, base, None)
+        op = getattr(packet, overload, None) if packet is not None else None
+        if op is not None:
+            found.append((base + ("." + schema.overload_name if schema.overload_name else ""), op))
+    return found
+
+
+def _factory_kernel(op: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return _privateuse1_fallback(op, *args, **kwargs)
+    return kernel
 
 
 def _wrap_result(out: Any) -> Any:
@@ -125,6 +161,17 @@ def register() -> None:
     _setup_privateuseone_for_python_backend(rename="ltc", backend_module=_LtcDeviceModule())
     _lib = torch.library.Library("_", "IMPL")
     _lib.fallback(_privateuse1_fallback, dispatch_key="PrivateUse1")
+    # With the Python key excluded (torch.tensor(..., device=...)), PyTorch looks these up as
+    # per-op Python kernels, not through the fallback.
+    _ops_lib = torch.library.Library("aten", "IMPL")
+    _ops_lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _ops_lib.impl("_copy_from_and_resize", lambda src, dst: _copy_from(src, dst), "PrivateUse1")
+    # Factory ops get explicit kernels: their generic composite kernels would build the
+    # result as `empty` + an `out=` op (`eye.out`, `arange.out`), which must resize its output
+    # in place -- something a lazy tensor below functionalization cannot do.
+    for name, op in _factory_ops():
+        _ops_lib.impl(name, _factory_kernel(op), "PrivateUse1")
+    _libs.append(_ops_lib)
     _patch_printing()
     _patch_autograd_engine()
     _registered = True
