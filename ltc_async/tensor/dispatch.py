@@ -264,6 +264,12 @@ def _infer(func: Any, info: OpInfo, full: list) -> Any:
         out = _call(func, info, margs)
     except NotImplementedError:
         return _FALLBACK
+    except RuntimeError as e:
+        # data-dependent shapes (repeat_interleave without output_size, ...): only the values
+        # can tell, so the op runs eagerly
+        if info.dynamic_shape and "meta" in str(e).lower():
+            return _FALLBACK
+        raise
     if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
         try:
             out = _call(info.view_op, info, margs)
