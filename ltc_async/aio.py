@@ -64,6 +64,8 @@ async def wait_device_ops_async(devices: Any = None) -> None:
         f = ctx.last
         if f is not None:
             await wait_future(f)
+            if f.marker is not None:  # CUDA kernels still running: wait in a thread
+                await trio.to_thread.run_sync(ctx.backend.wait_marker, f.marker, abandon_on_cancel=True)
     await trio.to_thread.run_sync(api._closures.drain) if api._closures._outstanding else None
     gx.wait_device_ops(ctxs)  # everything is complete: only re-raises a captured error
     api._closures.check()

@@ -71,5 +71,14 @@ class Backend(ABC):
     def synchronize(self, device: torch.device) -> None:
         """Block until asynchronous device work issued by this thread has finished."""
 
+    def completion_marker(self, device: torch.device) -> Any:
+        """Called on the worker right after `execute` returned.  Backends whose kernels run
+        asynchronously (CUDA) return something `wait_marker` can block on (an event), so the
+        worker moves on at once; None means the work is already complete."""
+        return None
+
+    def wait_marker(self, marker: Any) -> None:
+        """Block until the work a `completion_marker` stands for has finished."""
+
     def worker_init(self, device: torch.device, threads: int) -> None:
         """Called on each device worker thread when it starts."""

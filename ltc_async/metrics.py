@@ -14,7 +14,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 __all__ = ["counter_names", "counter_value", "metric_names", "metric_data", "reset", "report",
-           "counter", "timed"]
+           "counter", "timed", "compiles_by_shape"]
+
+#: counters `CompileShapes::<input shapes>` count compiles per set of graph-input shapes
+COMPILE_SHAPES_PREFIX = "CompileShapes::"
 
 _MAX_SAMPLES = 1024
 _counters: dict[str, int] = {}
@@ -67,6 +70,12 @@ def metric_data(name: str) -> tuple[int, float, list[float]] | None:
     with _metrics_lock:
         m = _metrics.get(name)
         return None if m is None else (m[0], m[1], list(m[2]))
+
+
+def compiles_by_shape() -> dict[str, int]:
+    """Compiles per distinct set of graph-input shapes ("64x64,64" -> 1)."""
+    n = len(COMPILE_SHAPES_PREFIX)
+    return {k[n:]: v for k, v in list(_counters.items()) if k.startswith(COMPILE_SHAPES_PREFIX) and v}
 
 
 def reset() -> None:

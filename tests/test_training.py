@@ -81,3 +81,30 @@ def test_module_to_and_back():
     torch.testing.assert_close(lm[1].running_mean.cpu(), m[1].running_mean, rtol=1e-5, atol=1e-6)
     back = lm.cpu()
     torch.testing.assert_close(back[0].weight, m[0].weight)
+
+
+def test_smaller_last_batch_compiles_once_per_shape(metrics):
+    """An epoch loop whose last batch is smaller: two graphs, each compiled once, reused by
+    every later epoch; the per-shape compile counts say so."""
+    torch.manual_seed(3)
+    model = torch.nn.Linear(6, 3).to("ltc:0")
+    ref = copy.deepcopy(model).cpu()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    data = torch.randn(50, 6)
+    for epoch in range(3):
+        for start in range(0, 50, 16):               # batches of 16, 16, 16 and 2
+            xb = data[start:start + 16]
+            opt.zero_grad()
+            model(xb.to("ltc:0")).pow(2).mean().backward()
+            opt.step()
+            ltc.mark_step()
+            ref_opt.zero_grad()
+            ref(xb).pow(2).mean().backward()
+            ref_opt.step()
+    torch.testing.assert_close(model.weight.cpu(), ref.weight.detach(), rtol=1e-5, atol=1e-6)
+    assert metrics.counter_value("UncachedCompile") == 2
+    assert metrics.counter_value("CachedCompile") == 10
+    by_shape = metrics.compiles_by_shape()
+    assert sorted(by_shape.values()) == [1, 1]
+    assert any("16x6" in k for k in by_shape) and any("2x6" in k for k in by_shape)

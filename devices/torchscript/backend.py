@@ -100,6 +100,16 @@ class TorchScriptBackend(Backend):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def completion_marker(self, device: torch.device) -> Any:
+        if device.type != "cuda":
+            return None  # CPU kernels ran synchronously inside execute
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def wait_marker(self, marker: Any) -> None:
+        marker.synchronize()
+
     def worker_init(self, device: torch.device, threads: int) -> None:
         if device.type == "cpu" and threads > 0:
             torch.set_num_threads(threads)

@@ -162,7 +162,13 @@ class DeviceContext:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until everything queued so far has run (errors are not raised here)."""
         f = self.last
-        return True if f is None else f.wait(timeout)
+        if f is None:
+            return True
+        if not f.wait(timeout):
+            return False
+        if f.marker is not None:  # kernels launched asynchronously (CUDA): wait for them too
+            self.backend.wait_marker(f.marker)
+        return True
 
 
 @contextlib.contextmanager

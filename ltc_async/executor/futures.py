@@ -19,7 +19,7 @@ class ComputationError(RuntimeError):
 class Future:
     """Result of one scheduled device execution: a list of output values, or an exception."""
 
-    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "label", "device")
+    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "label", "device", "marker")
 
     def __init__(self, label: str = "", device: Any = None) -> None:
         self._event = threading.Event()
@@ -29,6 +29,7 @@ class Future:
         self._lock = threading.Lock()
         self.label = label      # where the work came from (for error messages)
         self.device = device    # the DeviceContext that runs it
+        self.marker: Any = None  # backend completion marker (a CUDA event), see Backend
 
     def done(self) -> bool:
         return self._event.is_set()

@@ -111,6 +111,17 @@ def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any]
     return roots, pending, which
 
 
+def _input_shapes(plan: GraphPlan) -> str:
+    """The distinct shapes of a graph's device-data inputs ("64x64,64"), for per-shape
+    compile counts: a loop whose last batch is smaller shows two entries, each compiled once."""
+    seen: dict[tuple, None] = {}
+    for n in plan.order:
+        if n.op is DEVICE_DATA:
+            seen.setdefault(n.outputs[0].shape, None)
+    text = ",".join("x".join(map(str, s)) or "scalar" for s in seen)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 def compile_plan(ctx: DeviceContext, plan: GraphPlan) -> Computation:
     key = (str(ctx.backend_device), plan.key)
     comp = cache.get(key)
@@ -118,6 +129,7 @@ def compile_plan(ctx: DeviceContext, plan: GraphPlan) -> Computation:
         metrics.counter("CachedCompile")
         return comp
     metrics.counter("UncachedCompile")
+    metrics.counter(metrics.COMPILE_SHAPES_PREFIX + _input_shapes(plan))
     t0 = time.perf_counter()
     comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
     metrics.add_sample("CompileTime", time.perf_counter() - t0)
@@ -179,6 +191,7 @@ def _run(ctx: DeviceContext, comp: Computation, inputs: list[Any], future: Futur
         values = [x.get() if type(x) is BackendData else x for x in inputs]
         t0 = time.perf_counter()
         outs = comp.execute(values)
+        future.marker = ctx.backend.completion_marker(ctx.backend_device)
         metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
     except BaseException as e:  # noqa: BLE001 - captured for the next barrier
         err = ExecutionError(f"execution on {ctx.device} of the graph scheduled at {future.label} "
