@@ -28,5 +28,13 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_lazy.py
 
+# Full op_db run on ltc and on torch._lazy (tens of minutes); summary lines go to
+# tests/CONFORMANCE.md, the generated op list to devices/torchscript/ops.yaml.
+conformance: setup
+	$(BIN)/python tests/opdb_conformance.py --backend ltc --json conformance-ltc.jsonl \
+		--op-list devices/torchscript/ops.yaml | tee conformance-ltc.txt
+	$(BIN)/python tests/opdb_conformance.py --backend torch_lazy --json conformance-torch_lazy.jsonl \
+		| tee conformance-torch_lazy.txt
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
