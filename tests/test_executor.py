@@ -203,3 +203,21 @@ def test_reference_backend_agrees_with_eager():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_bad_device_strings_raise_at_the_call():
+    with pytest.raises(ValueError, match="ltc:5 does not exist"):
+        torch.randn(3, device="ltc:5")
+    with pytest.raises(ValueError, match="ltc:7 does not exist"):
+        torch.ones(3).to("ltc:7")
+    with pytest.raises(ValueError, match="ltc:9"):
+        ltc.mark_step("ltc:9")
+    with pytest.raises(ValueError, match="not a lazy device"):
+        ltc.wait_device_ops(["cpu"])
+
+
+def test_signed_zero_and_nan_scalars_are_not_merged():
+    x = torch.ones(2).to("ltc:0")
+    assert (x / torch.tensor(-0.0)).cpu().tolist() == [float("-inf")] * 2
+    assert (x / torch.tensor(0.0)).cpu().tolist() == [float("inf")] * 2
+    assert torch.isnan((x + torch.tensor(float("nan"))).cpu()).all()

@@ -38,6 +38,7 @@ from .lazy_tensor import LtcTensor, make_tensor, wrap
 aten = torch.ops.aten
 _FALLBACK = "fallback"                 # shape-cache value: run this signature eagerly
 _shape_cache: dict[tuple, Any] = {}    # (op, template, input metas) -> (metas, out_spec) | _FALLBACK
+_SHAPE_CACHE_MAX = 1 << 16
 _counter_names: dict[Any, str] = {}
 _SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
 _META = torch.device("meta")
@@ -183,6 +184,8 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
         if res is not _FALLBACK and not ctx.backend.can_lower(
                 Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1])):
             res = _FALLBACK
+        if len(_shape_cache) >= _SHAPE_CACHE_MAX:  # programs with endless new shapes
+            _shape_cache.clear()
         _shape_cache[skey] = res
     if res is _FALLBACK:
         return eager_fallback(func, info, full, ctx)
@@ -308,7 +311,8 @@ _scalar_cache: dict[tuple, Node] = {}
 
 def _upload_scalar(ctx: DeviceContext, host: torch.Tensor, meta: TensorMeta) -> LtcTensor:
     """0-dim host tensors (`x + torch.tensor(2.0)`) are cached by value: LTC's DataCache."""
-    key = (ctx.index, host.dtype, host.item())
+    # repr keeps what equality would merge: -0.0 vs 0.0, and NaN equal to itself
+    key = (ctx.index, host.dtype, repr(host.item()))
     node = _scalar_cache.get(key)
     if node is None:
         metrics.counter("DeviceDataCacheMiss")
