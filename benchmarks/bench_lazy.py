@@ -14,20 +14,31 @@ Sections (select with --only, repeatable; default: all):
          SGD(lr=0.01, momentum=0.9)): N steps back to back with mark_step after each, one
          wait_device_ops at the end, wall time / N.  Also torch.compile (default backend).
   big    compute-bound case: 4 Linear layers of width 2048, batch 512, same step; steps/s.
+  overlap  the same compute-bound step on ltc_async, decomposed: host trace time per step
+         (zero_grad..mark_step on the Python thread, device idle), device execute time per step
+         (ExecuteTime metric), steady-state step time (N steps + wait_device_ops, / N); reports
+         step / max(trace, execute) and the fraction of the shorter one that is hidden.
+         eager and torch._lazy steps/s of the same model beside it, rounds interleaved.
+  devices  in a subprocess with LTC_ASYNC_DEVICES=cpu,cpu: (a) a heavy graph (10x
+         tanh(x @ x), 768x768) on ltc:0 alone vs on ltc:0 and ltc:1 at once; (b) DataParallel
+         training (MLP 256-1024-1024-10, batch 512) on [ltc:0] vs [ltc:0, ltc:1].
 
 Usage:
   python benchmarks/bench_lazy.py            # full run
   python benchmarks/bench_lazy.py --quick    # CI smoke run (few repetitions)
   python benchmarks/bench_lazy.py --only trace --only mlp
+  python benchmarks/bench_lazy.py --only overlap --only devices
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import traceback

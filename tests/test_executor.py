@@ -221,3 +221,25 @@ def test_signed_zero_and_nan_scalars_are_not_merged():
     assert (x / torch.tensor(-0.0)).cpu().tolist() == [float("-inf")] * 2
     assert (x / torch.tensor(0.0)).cpu().tolist() == [float("inf")] * 2
     assert torch.isnan((x + torch.tensor(float("nan"))).cpu()).all()
+
+
+def test_data_dependent_syncs_are_counted(metrics):
+    x = torch.tensor([[1.0, -2.0], [3.0, 4.0]])
+    lx = x.to("ltc:0")
+    assert lx.sum().item() == x.sum().item()
+    assert bool(lx.sum() > 0) is True
+    taken = "yes" if (lx < 0).any() else "no"        # Python control flow on a lazy value
+    assert taken == "yes"
+    assert lx.tolist() == x.tolist()
+    assert metrics.counter_value("DataDependentSync") == 3
+    assert metrics.counter_value("TensorToHost") == 1
+
+
+@pytest.mark.parametrize("view", [lambda t: t.t(), lambda t: t[:, 1:3], lambda t: t.permute(1, 0).unsqueeze(0),
+                                  lambda t: t.expand(2, 3, 4), lambda t: t[::2], lambda t: t.t() + 1,
+                                  lambda t: t.t().contiguous()])
+def test_strides_and_contiguity_reported_like_eager(view):
+    x = torch.randn(3, 4)
+    a, b = view(x), view(x.to("ltc:0"))
+    assert b.stride() == a.stride() and b.is_contiguous() == a.is_contiguous()
+    assert_eager(b, a)
