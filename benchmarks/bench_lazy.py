@@ -162,9 +162,14 @@ class Runner:
         return results
 
     def _fail(self, res: Result, exc: BaseException) -> None:
-        res.error = _short_error(exc)
-        _log(f"[{self.section}] {res.engine} FAILED: {res.error}")
-        traceback.print_exc(file=sys.stderr)
+        _fail(self.section, res, exc)
+
+
+def _fail(section: str, res: Result, exc: BaseException) -> None:
+    """Record `exc` as the result's error; log it with its traceback on stderr."""
+    res.error = _short_error(exc)
+    _log(f"[{section}] {res.engine} FAILED: {res.error}")
+    traceback.print_exception(exc, file=sys.stderr)
 
 
 def _log(msg: str) -> None:
@@ -283,12 +288,359 @@ def bench_big(args) -> dict[str, Result]:
 
 
 # --------------------------------------------------------------------------------------------
+# (d) overlap: does tracing step N+1 hide behind executing step N?  (compute-bound case)
+# --------------------------------------------------------------------------------------------
+def _ms(v: float) -> float:
+    return v * 1e3
+
+
+def _ltc_overlap_case(widths: list[int], batch: int, warmup_steps: int):
+    """ltc_async training step on ltc:0 with the host / device time split out."""
+    torch.manual_seed(0)
+    model = _mlp(widths).to("ltc:0")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.randn(batch, widths[0]).to("ltc:0")
+    t = torch.randint(0, widths[-1], (batch,)).to("ltc:0")
+    ltc.mark_step()
+    ltc.wait_device_ops()
+
+    def trace_step():  # everything but mark_step: pure tracing on the Python thread
+        opt.zero_grad()
+        loss = loss_fn(model(x), t)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def warmup() -> None:
+        for _ in range(warmup_steps):
+            loss = trace_step()
+            ltc.mark_step()
+        ltc.wait_device_ops()
+        v = float(loss.detach().cpu())
+        if not math.isfinite(v):
+            raise RuntimeError(f"non-finite loss after warm-up: {v}")
+
+    def _execute_samples() -> tuple[int, list[float]]:
+        data = ltc.metrics.metric_data("ExecuteTime")
+        return (0, []) if data is None else (data[0], list(data[2]))
+
+    def steady_round(steps: int) -> dict:
+        """N steps back to back (mark_step never waits except for a free queue slot)."""
+        ltc.wait_device_ops()
+        gc.collect()
+        ltc.metrics.reset()
+        tracing, marking = [], []
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            a = time.perf_counter()
+            trace_step()
+            b = time.perf_counter()
+            ltc.mark_step()
+            c = time.perf_counter()
+            tracing.append(b - a)
+            marking.append(c - b)
+        ltc.wait_device_ops()
+        wall = time.perf_counter() - t0
+        n_exec, execs = _execute_samples()
+        return dict(step=wall / steps, wall=wall, tracing=tracing, marking=marking,
+                    execute=execs, n_exec=n_exec,
+                    recompiles=ltc.metrics.counter_value("UncachedCompile") or 0)
+
+    def isolated_round(steps: int) -> dict:
+        """Each step starts with an idle device: host time and device time without overlap."""
+        host, execs, n_exec, recompiles = [], [], 0, 0
+        for _ in range(steps):
+            ltc.wait_device_ops()
+            gc.collect()
+            ltc.metrics.reset()
+            a = time.perf_counter()
+            trace_step()
+            ltc.mark_step()
+            c = time.perf_counter()
+            ltc.wait_device_ops()
+            host.append(c - a)
+            k, samples = _execute_samples()
+            n_exec += k
+            execs += samples
+            recompiles += ltc.metrics.counter_value("UncachedCompile") or 0
+        return dict(host=host, execute=execs, n_exec=n_exec, recompiles=recompiles)
+
+    return warmup, steady_round, isolated_round
+
+
+def bench_overlap(args) -> dict[str, Result]:
+    h = 2048
+    widths, batch, steps = [h, h, h, h, 10], 512, args.overlap_steps
+    results = {e: Result("overlap", e, "steps/s", True) for e in (EAGER, LAZY, LTC)}
+    detail = dict(steady=[], isolated=[])
+    ref_make = _train_case(widths, batch, steps, args.overlap_warmup)
+    cases: dict[str, Callable[[], None]] = {}
+    for name in (EAGER, LAZY, LTC):
+        try:
+            if name == LTC:
+                warmup, steady, isolated = _ltc_overlap_case(widths, batch, args.overlap_warmup)
+            else:
+                warmup, one_round = ref_make(ENGINES[name])
+            _log(f"[overlap] warming up {name} ...")
+            t0 = time.perf_counter()
+            warmup()
+            _log(f"[overlap]   {name} warm-up took {time.perf_counter() - t0:.1f}s")
+            if name == LTC:
+                def ltc_round(steady=steady, isolated=isolated) -> float:
+                    s = steady(steps)
+                    detail["steady"].append(s)
+                    detail["isolated"].append(isolated(args.overlap_iso_steps))
+                    res = results[LTC]
+                    res.recompiles_in_timing = (res.recompiles_in_timing or 0) + s["recompiles"]
+                    return 1.0 / s["step"]
+                cases[name] = ltc_round
+            else:
+                def ref_round(name=name, one_round=one_round) -> float:
+                    before = ENGINES[name].recompiles()
+                    gc.collect()
+                    v = 1.0 / one_round()
+                    after = ENGINES[name].recompiles()
+                    if before is not None and after is not None:
+                        res = results[name]
+                        res.recompiles_in_timing = (res.recompiles_in_timing or 0) + after - before
+                    return v
+                cases[name] = ref_round
+        except Exception as exc:
+            _fail(results[name].section, results[name], exc)
+    for r in range(args.overlap_rounds):
+        for name in list(cases):
+            try:
+                results[name].samples.append(cases[name]())
+            except Exception as exc:
+                _fail(results[name].section, results[name], exc)
+                del cases[name]
+        _log(f"[overlap] round {r + 1}/{args.overlap_rounds}: " + ", ".join(
+            f"{n}={results[n].samples[-1]:.4g} steps/s" for n in cases if results[n].samples))
+    OVERLAP_DETAIL.clear()
+    if detail["steady"] and detail["isolated"] and not results[LTC].error:
+        OVERLAP_DETAIL.update(_overlap_summary(detail, steps))
+    return results
+
+
+OVERLAP_DETAIL: dict = {}
+
+
+def _overlap_summary(detail: dict, steps: int) -> dict:
+    med = statistics.median
+    steady, iso = detail["steady"], detail["isolated"]
+    trace = med([v for d in iso for v in d["host"]])
+    execute = med([v for d in iso for v in d["execute"]])
+    step = med([d["step"] for d in steady])
+    loop_tracing = med([v for d in steady for v in d["tracing"]])
+    loop_marking = med([v for d in steady for v in d["marking"]])
+    loop_host = med([a + b for d in steady for a, b in zip(d["tracing"], d["marking"])])
+    loop_execute = med([v for d in steady for v in d["execute"]])
+    busy = med([sum(d["execute"]) / d["wall"] for d in steady])
+    n_steps = len(steady) * steps + sum(len(d["host"]) for d in iso)
+    n_exec = sum(d["n_exec"] for d in steady) + sum(d["n_exec"] for d in iso)
+    return dict(
+        trace=trace, execute=execute, step=step,
+        ratio=step / max(trace, execute),
+        hidden=(trace + execute - step) / min(trace, execute),
+        loop_tracing=loop_tracing, loop_marking=loop_marking, loop_host=loop_host,
+        loop_execute=loop_execute, busy=busy, exec_per_step=n_exec / max(1, n_steps),
+        n_steady=len(steady) * steps, n_iso=sum(len(d["host"]) for d in iso),
+        iso_recompiles=sum(d["recompiles"] for d in iso))
+
+
+# --------------------------------------------------------------------------------------------
+# (e) devices: two virtual CPU devices (subprocess with LTC_ASYNC_DEVICES=cpu,cpu)
+# --------------------------------------------------------------------------------------------
+_CHILD_MARK = "@@bench_lazy_devices_json "
+
+
+def bench_devices(args) -> dict[str, Result]:
+    """Runs the devices section in a child process (the device set is fixed per process)."""
+    env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,cpu")
+    cmd = [sys.executable, os.path.abspath(__file__), "--devices-child",
+           "--devices-rounds", str(args.devices_rounds),
+           "--devices-graph-iters", str(args.devices_graph_iters),
+           "--dp-steps", str(args.dp_steps), "--dp-warmup", str(args.dp_warmup)]
+    _log(f"[devices] child: LTC_ASYNC_DEVICES=cpu,cpu {' '.join(cmd[1:])}")
+    results: dict[str, Result] = {}
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=None, text=True,
+                              timeout=3600)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_CHILD_MARK)]
+        if not lines:
+            raise RuntimeError(f"devices child exited with status {proc.returncode} and no result"
+                               f" (stdout tail: {proc.stdout[-300:]!r})")
+        payload = json.loads(lines[-1][len(_CHILD_MARK):])
+    except Exception as exc:
+        res = Result("devices", LTC, "-", False)
+        _fail(res.section, res, exc)
+        return {"devices": {LTC: res}}  # type: ignore[dict-item]
+    DEVICES_INFO.clear()
+    DEVICES_INFO.update(payload["info"])
+    for sec, rows in payload["results"].items():
+        results.setdefault(sec, {})
+        for name, d in rows.items():
+            results[sec][name] = Result(sec, name, d["unit"], d["hib"], d["samples"], d["error"],
+                                        d["recompiles"])
+    return results  # type: ignore[return-value]
+
+
+DEVICES_INFO: dict = {}
+DEV1, DEV2 = "ltc_async [ltc:0]", "ltc_async [ltc:0, ltc:1]"
+
+
+def devices_child(args) -> int:
+    devs = ltc.devices()
+    threads = int(os.environ.get("LTC_ASYNC_CPU_THREADS") or 0) or max(
+        1, torch.get_num_threads() // max(1, len(devs)))
+    info = dict(devices=[str(d) for d in devs],
+                backend=[str(ltc.backend_device(d)) for d in devs],
+                torch_threads=torch.get_num_threads(), threads_per_device=threads)
+    _log(f"[devices] child: {info}")
+    out: dict[str, dict[str, Result]] = {}
+    if len(devs) < 2:
+        err = RuntimeError(f"expected 2 lazy devices with LTC_ASYNC_DEVICES=cpu,cpu, got {devs}")
+        for sec, unit, hib in (("devices.concurrent", "ms/graph", False),
+                               ("devices.dp", "steps/s", True)):
+            out[sec] = {DEV1: Result(sec, DEV1, unit, hib, error=_short_error(err))}
+    else:
+        out["devices.concurrent"] = _bench_concurrent(args)
+        out["devices.dp"] = _bench_dp(args)
+    payload = dict(info=info, results={
+        sec: {n: dict(unit=r.unit, hib=r.higher_is_better, samples=r.samples, error=r.error,
+                      recompiles=r.recompiles_in_timing) for n, r in rows.items()}
+        for sec, rows in out.items()})
+    print(_CHILD_MARK + json.dumps(payload), flush=True)
+    return 0
+
+
+def _recompiles_during(fn):
+    before = ltc.metrics.counter_value("UncachedCompile") or 0
+    v = fn()
+    return v, (ltc.metrics.counter_value("UncachedCompile") or 0) - before
+
+
+def _bench_concurrent(args) -> dict[str, Result]:
+    sec = "devices.concurrent"
+    iters = args.devices_graph_iters
+    torch.manual_seed(0)
+    base = torch.randn(768, 768) / 768 ** 0.5
+    inputs = {d: base.to(d) for d in ("ltc:0", "ltc:1")}
+    ltc.mark_step()
+    ltc.wait_device_ops()
+
+    def run(devs: list[str]) -> float:
+        """Trace the graph on every device in `devs`, schedule all, wait; wall seconds."""
+        ltc.wait_device_ops()
+        gc.collect()
+        t0 = time.perf_counter()
+        outs = []
+        for d in devs:
+            x = inputs[d]
+            for _ in range(iters):
+                x = torch.tanh(x @ x)
+            outs.append(x)
+        ltc.mark_step(devs)
+        ltc.wait_device_ops(devs)
+        dt = time.perf_counter() - t0
+        del outs
+        return dt
+
+    cases = {DEV1: ["ltc:0"], DEV2: ["ltc:0", "ltc:1"]}
+    results = {n: Result(sec, n, "ms/graph", False) for n in cases}
+    _log(f"[{sec}] warming up (compiling on both devices) ...")
+    live = dict(cases)
+    for name, warm in ((DEV1, [["ltc:0"], ["ltc:1"]]), (DEV2, [["ltc:0", "ltc:1"]])):
+        try:
+            for _ in range(2):
+                for devs in warm:
+                    run(devs)
+        except Exception as exc:
+            _fail(sec, results[name], exc)
+            del live[name]
+    for r in range(args.devices_rounds):
+        for name, devs in list(live.items()):
+            try:
+                dt, rc = _recompiles_during(lambda: run(devs))
+            except Exception as exc:
+                _fail(sec, results[name], exc)
+                del live[name]
+                continue
+            res = results[name]
+            res.samples.append(dt * 1e3)
+            res.recompiles_in_timing = (res.recompiles_in_timing or 0) + rc
+        _log(f"[{sec}] round {r + 1}/{args.devices_rounds}: " + ", ".join(
+            f"{n}={results[n].samples[-1]:.4g} ms" for n in live))
+    return results
+
+
+def _bench_dp(args) -> dict[str, Result]:
+    from ltc_async.parallel import DataParallel
+
+    sec = "devices.dp"
+    torch.manual_seed(0)
+    model = _mlp([256, 1024, 1024, 10])
+    x = torch.randn(512, 256)
+    y = torch.randint(0, 10, (512,))
+    loss_fn = torch.nn.functional.cross_entropy
+    cases = {DEV1: ["ltc:0"], DEV2: ["ltc:0", "ltc:1"]}
+    results = {n: Result(sec, n, "steps/s", True) for n in cases}
+    dps = {}
+    for name, devs in cases.items():
+        try:
+            dp = DataParallel(model, devs, make_optimizer=lambda p: torch.optim.SGD(
+                p, lr=0.05, momentum=0.9))
+            _log(f"[{sec}] warming up {name} ...")
+            for _ in range(args.dp_warmup):
+                losses = dp.step(x, y, loss_fn)
+            ltc.wait_device_ops()
+            vals = [float(v.detach().cpu()) for v in losses]
+            if not all(math.isfinite(v) for v in vals):
+                raise RuntimeError(f"non-finite loss after warm-up: {vals}")
+            dps[name] = dp
+        except Exception as exc:
+            _fail(results[name].section, results[name], exc)
+
+    def one_round(dp) -> float:
+        ltc.wait_device_ops()
+        gc.collect()
+        t0 = time.perf_counter()
+        for _ in range(args.dp_steps):
+            dp.step(x, y, loss_fn)
+        ltc.wait_device_ops()
+        return args.dp_steps / (time.perf_counter() - t0)
+
+    for r in range(args.devices_rounds):
+        for name in list(dps):
+            try:
+                v, rc = _recompiles_during(lambda: one_round(dps[name]))
+            except Exception as exc:
+                _fail(results[name].section, results[name], exc)
+                del dps[name]
+                continue
+            results[name].samples.append(v)
+            results[name].recompiles_in_timing = (results[name].recompiles_in_timing or 0) + rc
+        _log(f"[{sec}] round {r + 1}/{args.devices_rounds}: " + ", ".join(
+            f"{n}={results[n].samples[-1]:.4g} steps/s" for n in dps))
+    return results
+
+
+# --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
 SECTION_TITLES = {
     "trace": "trace cost, 2000-op elementwise chain on 16x16",
     "mlp": "MLP 64-256-256-10 train step, batch 64 (throughput)",
     "big": "MLP 4x Linear width 2048 train step, batch 512",
+    "overlap": "same compute-bound step (4x Linear 2048, batch 512): steady-state steps/s; "
+               "ltc_async decomposition below",
+    "devices.concurrent": "subprocess, LTC_ASYNC_DEVICES=cpu,cpu: graph of 10x tanh(x @ x) on "
+                          "768x768, wall time from tracing to wait_device_ops, on ltc:0 alone "
+                          "vs one copy on each of ltc:0 and ltc:1 at once",
+    "devices": "subprocess with LTC_ASYNC_DEVICES=cpu,cpu",
+    "devices.dp": "subprocess, LTC_ASYNC_DEVICES=cpu,cpu: DataParallel MLP 256-1024-1024-10, "
+                  "batch 512 (split over the devices), SGD momentum, cross-entropy",
 }
 
 
@@ -325,8 +677,9 @@ def render(all_results: dict[str, dict[str, Result]]) -> str:
             rc = "-" if res.recompiles_in_timing is None else str(res.recompiles_in_timing)
             lines.append(
                 f"| {section} | {name} | {med} | {res.unit} ({better} is better) | {spread} "
-                f"| {len(res.samples)} | {_ratio(res.median, lazy_med)} "
-                f"| {_ratio(res.median, eager_med)} | {rc} |")
+                f"| {len(res.samples)} "
+                f"| {_ratio(res.median, lazy_med) if LAZY in results else '-'} "
+                f"| {_ratio(res.median, eager_med) if EAGER in results else '-'} | {rc} |")
     out = ["", "Ratios are value / reference value of the same unit "
            "(for us/op and ms/step < 1 means faster; for steps/s > 1 means faster).", ""]
     out += [f"- **{s}**: {SECTION_TITLES[s]}" for s in all_results]
@@ -335,7 +688,64 @@ def render(all_results: dict[str, dict[str, Result]]) -> str:
         r = all_results["big"]
         out += ["", f"big case, ltc_async / torch._lazy steps/s: "
                     f"{_ratio(r[LTC].median if LTC in r else None, r[LAZY].median if LAZY in r else None)}"]
+    if "overlap" in all_results:
+        out += _render_overlap(all_results["overlap"])
+    if "devices.concurrent" in all_results or "devices.dp" in all_results:
+        out += _render_devices(all_results)
     return "\n".join(out)
+
+
+def _med(results: dict[str, Result], name: str) -> float | None:
+    return results[name].median if name in results else None
+
+
+def _render_overlap(r: dict[str, Result]) -> list[str]:
+    out = ["", "overlap, ltc_async on ltc:0 (medians; times per training step):", ""]
+    d = OVERLAP_DETAIL
+    if not d:
+        return out + ["(no ltc_async figures: see the error above)"]
+    out += [
+        "| figure | value |",
+        "|---|---:|",
+        f"| host trace time, device idle: zero_grad+forward+backward+step+mark_step "
+        f"({d['n_iso']} steps, each started after wait_device_ops) | {_fmt(_ms(d['trace']))} ms |",
+        f"| device execute time, alone (ExecuteTime samples of those steps) "
+        f"| {_fmt(_ms(d['execute']))} ms |",
+        f"| steady-state step time: wall(N steps + wait_device_ops) / N "
+        f"({d['n_steady']} steps in all) | {_fmt(_ms(d['step']))} ms |",
+        f"| **step / max(trace, execute)** (goal <= 1.1) | **{d['ratio']:.2f}** |",
+        f"| **trace hidden: (trace + execute - step) / min(trace, execute)** (1 = fully hidden) "
+        f"| **{d['hidden'] * 100:.0f}%** |",
+        f"| in the steady loop: host tracing (zero_grad..step) | {_fmt(_ms(d['loop_tracing']))} ms |",
+        f"| in the steady loop: mark_step (incl. waiting for a free slot in the device queue) "
+        f"| {_fmt(_ms(d['loop_marking']))} ms |",
+        f"| in the steady loop: host total zero_grad..mark_step | {_fmt(_ms(d['loop_host']))} ms |",
+        f"| in the steady loop: device execute time (ExecuteTime) "
+        f"| {_fmt(_ms(d['loop_execute']))} ms |",
+        f"| in the steady loop: device busy = sum(ExecuteTime) / wall | {d['busy'] * 100:.0f}% |",
+        f"| executions per step | {d['exec_per_step']:.2f} |",
+    ]
+    ltc_s, lazy_s, eager_s = _med(r, LTC), _med(r, LAZY), _med(r, EAGER)
+    out += ["", f"overlap, steady-state steps/s: ltc_async / torch._lazy = {_ratio(ltc_s, lazy_s)}, "
+                f"ltc_async / eager = {_ratio(ltc_s, eager_s)}"]
+    return out
+
+
+def _render_devices(all_results: dict[str, dict[str, Result]]) -> list[str]:
+    info = DEVICES_INFO
+    out = ["", "devices (subprocess, LTC_ASYNC_DEVICES=cpu,cpu): " + (
+        f"lazy devices {info.get('devices')} -> {info.get('backend')}, torch threads "
+        f"{info.get('torch_threads')}, intra-op threads per device worker "
+        f"{info.get('threads_per_device')}" if info else "no device info (child failed)")]
+    c = all_results.get("devices.concurrent", {})
+    one, two = _med(c, DEV1), _med(c, DEV2)
+    out.append(f"- concurrency: time(one graph on each of ltc:0 and ltc:1) / time(one graph on "
+               f"ltc:0) = **{_ratio(two, one)}** (ideal 1.0, serialized 2.0)")
+    dp = all_results.get("devices.dp", {})
+    s1, s2 = _med(dp, DEV1), _med(dp, DEV2)
+    out.append(f"- data parallel: steps/s on [ltc:0, ltc:1] / steps/s on [ltc:0] = "
+               f"**{_ratio(s2, s1)}** speed-up (ideal 2.0 for two one-thread devices)")
+    return out
 
 
 def machine_info() -> str:
@@ -345,10 +755,13 @@ def machine_info() -> str:
             f"cuda available: {torch.cuda.is_available()}")
 
 
+SECTIONS = ["trace", "mlp", "big", "overlap", "devices"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", action="append", choices=["trace", "mlp", "big"],
+    p.add_argument("--only", action="append", choices=SECTIONS,
                    help="run only this section (repeatable); default: all")
     p.add_argument("--quick", action="store_true", help="few repetitions (CI smoke run)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile in mlp")
@@ -360,29 +773,49 @@ def main(argv=None) -> int:
     p.add_argument("--big-steps", type=int, help="timed steps per round")
     p.add_argument("--big-rounds", type=int)
     p.add_argument("--big-warmup", type=int)
+    p.add_argument("--overlap-steps", type=int, help="timed back-to-back steps per round")
+    p.add_argument("--overlap-iso-steps", type=int,
+                   help="steps per round measured one at a time on an idle device")
+    p.add_argument("--overlap-rounds", type=int)
+    p.add_argument("--overlap-warmup", type=int)
+    p.add_argument("--devices-rounds", type=int)
+    p.add_argument("--devices-graph-iters", type=int, help="tanh(x @ x) per graph")
+    p.add_argument("--dp-steps", type=int, help="timed DataParallel steps per round")
+    p.add_argument("--dp-warmup", type=int)
+    p.add_argument("--devices-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     defaults = dict(trace_rounds=15, mlp_steps=50, mlp_rounds=15, mlp_warmup=30,
-                    big_steps=5, big_rounds=4, big_warmup=10)
+                    big_steps=5, big_rounds=4, big_warmup=10,
+                    overlap_steps=10, overlap_iso_steps=4, overlap_rounds=4, overlap_warmup=5,
+                    devices_rounds=5, devices_graph_iters=10, dp_steps=10, dp_warmup=3)
     if args.quick:
         defaults = dict(trace_rounds=3, mlp_steps=10, mlp_rounds=2, mlp_warmup=10,
-                        big_steps=2, big_rounds=1, big_warmup=2)
+                        big_steps=2, big_rounds=1, big_warmup=2,
+                        overlap_steps=3, overlap_iso_steps=2, overlap_rounds=1, overlap_warmup=2,
+                        devices_rounds=1, devices_graph_iters=10, dp_steps=3, dp_warmup=3)
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.devices_child:
+        return devices_child(args)
 
-    sections = args.only or ["trace", "mlp", "big"]
+    sections = args.only or SECTIONS
     print(f"# bench_lazy ({'quick' if args.quick else 'full'}): {machine_info()}")
     print(f"# sections: {', '.join(sections)}; settings: " + ", ".join(
         f"{k}={getattr(args, k)}" for k in ["trace_ops", *defaults]))
     sys.stdout.flush()
 
     all_results: dict[str, dict[str, Result]] = {}
-    bench = {"trace": bench_trace, "mlp": bench_mlp, "big": bench_big}
-    for s in ["trace", "mlp", "big"]:
+    bench = {"trace": bench_trace, "mlp": bench_mlp, "big": bench_big,
+             "overlap": bench_overlap, "devices": bench_devices}
+    for s in SECTIONS:
         if s in sections:
             t0 = time.perf_counter()
-            all_results[s] = bench[s](args)
+            if s == "devices":  # one child process, several sub-sections
+                all_results.update(bench[s](args))
+            else:
+                all_results[s] = bench[s](args)
             _log(f"[{s}] section took {time.perf_counter() - t0:.0f}s")
     print(render(all_results))
     failed = [f"{s}/{e}" for s, rs in all_results.items() for e, r in rs.items()

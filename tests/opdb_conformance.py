@@ -130,9 +130,9 @@ def _run_sample(op: Any, sample: Any, device: str, dtype_name: str, k: int, grad
         _compare(again, eager, False)
     except Exception:  # noqa: BLE001 - output depends on the seed: a random op
         meta_only = True
-    lazy_sample = _to_device(sample, device)
     counters = _counters_reset()
     try:
+        lazy_sample = _to_device(sample, device)
         lazy = fn(lazy_sample.input, *lazy_sample.args, **lazy_sample.kwargs)
     except Exception as e:  # noqa: BLE001
         rec["fwd"], rec["why"] = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"

@@ -25,6 +25,9 @@ IN_TENSOR, IN_SCALAR, IN_GENERATOR = 0, 1, 2
 
 
 _VIEW_NAMES: dict = {}
+# views that only set a lazy conjugate / negative bit: later ops (view_as_real) reject them,
+# so these keep their materializing `_copy` form
+_LAZY_BIT_COPIES = {"_conj_copy", "_neg_view_copy"}
 _RESHAPES = {torch.ops.aten.view_copy.default, torch.ops.aten._unsafe_view.default,
              torch.ops.aten._reshape_alias_copy.default}
 
@@ -41,7 +44,7 @@ def _graph_op_name(op: torch._ops.OpOverload) -> str:
             # `contiguous()` that was the identity on values): reshape, never view
             _VIEW_NAMES[op] = "aten::reshape"
             return "aten::reshape"
-        if base.endswith("_copy") and base != "_copy":
+        if base.endswith("_copy") and base != "_copy" and base not in _LAZY_BIT_COPIES:
             packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
             view = getattr(packet, op._schema.overload_name or "default", None) if packet else None
             if view is not None and len(view._schema.arguments) == len(op._schema.arguments):
