@@ -13,7 +13,6 @@ from .executor.device import ExecutionError
 from .executor.futures import Future
 from .tensor.lazy_tensor import LtcTensor, unwrap
 
-DeviceLike = "torch.device | str | int"
 
 
 def init(devices: list[str] | None = None, backend: str | None = None) -> list[torch.device]:

@@ -68,9 +68,6 @@ class Backend(ABC):
         the op to the eager fallback."""
         return True
 
-    def synchronize(self, device: torch.device) -> None:
-        """Block until asynchronous device work issued by this thread has finished."""
-
     def completion_marker(self, device: torch.device) -> Any:
         """Called on the worker right after `execute` returned.  Backends whose kernels run
         asynchronously (CUDA) return something `wait_marker` can block on (an event), so the

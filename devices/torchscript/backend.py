@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from ltc_async.backend import Backend, Computation
-from ltc_async.ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+from ltc_async.ir.node import SCALAR, TENSOR_LIST, Node, Tag
 
 from .lowering import IN_GENERATOR, TSLowering, _graph_op_name
 
@@ -95,10 +95,6 @@ class TorchScriptBackend(Backend):
             with _lower_lock:
                 _lower_ok[key] = ok
         return ok
-
-    def synchronize(self, device: torch.device) -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
     def completion_marker(self, device: torch.device) -> Any:
         if device.type != "cuda":

@@ -28,7 +28,6 @@ from .. import metrics
 from .._config import config
 from ..backend import Computation
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
-from . import arena
 from .device import DeviceContext, ExecutionError, caller_location, lock_devices
 from .futures import BackendData, ComputationError, Future, MultiWait
 

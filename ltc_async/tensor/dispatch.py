@@ -171,7 +171,7 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
                 refs = list(template[pos][1])
                 refs[j] = ref
                 template[pos] = (TENSOR_LIST, tuple(refs))
-            full = _replace_arg(full, info, pos, j, t)
+            full = _replace_arg(full, pos, j, t)
     if info.has_generator:
         for e in template:
             if type(e) is tuple and e and e[0] is RNG:
@@ -201,7 +201,7 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
     return _unflatten(outs, out_spec)
 
 
-def _replace_arg(full: list, info: OpInfo, pos: int, j: int | None, t: LtcTensor) -> list:
+def _replace_arg(full: list, pos: int, j: int | None, t: LtcTensor) -> list:
     full = list(full)
     if j is None:
         full[pos] = t
