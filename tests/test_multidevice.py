@@ -170,3 +170,13 @@ def test_cuda_device_matches_eager():
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_stress_example_runs_clean_in_bounded_time():
+    """examples/stress.py: threads and trio tasks on three devices, every result checked."""
+    env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,cpu,cpu")
+    script = os.path.join(os.path.dirname(HERE), "examples", "stress.py")
+    r = subprocess.run([sys.executable, script, "--seconds", "4", "--threads", "4", "--tasks", "4"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all results match eager" in r.stdout

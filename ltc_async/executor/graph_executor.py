@@ -237,6 +237,12 @@ def materialize(tensors: Sequence[Any]) -> list[torch.Tensor]:
     execution error (once) when another execution on a touched device failed.
     """
     sync_multi(tensors)
+    pending = {id(f): f for t in tensors if (f := t._v[0].data.future) is not None}
+    if len(pending) > 1:  # several executions (often on several devices): wait for all at once
+        mw = MultiWait(len(pending))
+        for f in pending.values():
+            f.add_done_callback(lambda _f: mw.done())
+        mw.wait()
     out = []
     for t in tensors:
         data = t._v[0].data
