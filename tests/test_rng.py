@@ -372,3 +372,19 @@ def test_devices_draw_independently_of_host_rng_use():
     b2 = torch.randn(20, device=DEV)
     torch.testing.assert_close(a1.cpu(), a2.cpu(), rtol=0, atol=0)
     torch.testing.assert_close(b1.cpu(), b2.cpu(), rtol=0, atol=0)
+
+
+def test_rng_state_save_and_restore():
+    """torch.ltc.get_rng_state / set_rng_state (what torch.testing's freeze_rng_state uses)."""
+    from torch.testing._utils import freeze_rng_state
+    torch.manual_seed(5)
+    state = torch.ltc.get_rng_state()
+    a = torch.randn(8, device=DEV).cpu()
+    torch.ltc.set_rng_state(state)
+    b = torch.randn(8, device=DEV).cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with freeze_rng_state():
+        inside = torch.rand(4, device=DEV).cpu()
+    after = torch.rand(4, device=DEV).cpu()
+    torch.testing.assert_close(inside, after, rtol=0, atol=0)
+    assert len(torch.ltc.get_rng_state_all()) == len(ltc.devices())

@@ -97,7 +97,8 @@ class DeviceContext:
         self._live: dict[int, weakref.ref] = {}
         self._ids = itertools.count()
         self.seed = torch.initial_seed()
-        self._rng_counter = itertools.count()
+        self._rng_counter = 0
+        self._rng_lock = threading.Lock()
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()
         self.last: Future | None = None       # the most recently queued execution
@@ -130,11 +131,22 @@ class DeviceContext:
 
     # -- RNG --------------------------------------------------------------------------
     def manual_seed(self, seed: int) -> None:
-        self.seed = int(seed)
-        self._rng_counter = itertools.count()
+        self.set_rng_state(int(seed), 0)
 
     def next_seed(self) -> int:
-        return _mix64((self.seed & _MASK64) * 0x100000001B3 + next(self._rng_counter))
+        with self._rng_lock:
+            k = self._rng_counter
+            self._rng_counter = k + 1
+            return _mix64((self.seed & _MASK64) * 0x100000001B3 + k)
+
+    def rng_state(self) -> tuple[int, int]:
+        """(seed, draws so far): everything the per-device generator is."""
+        with self._rng_lock:
+            return self.seed, self._rng_counter
+
+    def set_rng_state(self, seed: int, counter: int) -> None:
+        with self._rng_lock:
+            self.seed, self._rng_counter = seed, counter
 
     # -- errors -----------------------------------------------------------------------
     def record_error(self, error: BaseException) -> None:

@@ -55,7 +55,33 @@ class _LtcDeviceModule:
         for ctx in (arena._contexts or ()):
             ctx.manual_seed(seed)
 
-    manual_seed = manual_seed_all
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        arena.get(None).manual_seed(seed)
+
+    @staticmethod
+    def initial_seed() -> int:
+        return arena.get(None).seed
+
+    @staticmethod
+    def get_rng_state(device: Any = "ltc") -> torch.Tensor:
+        """The per-device generator state (seed, draws) as a uint8 tensor, like CUDA's."""
+        seed, counter = arena.get(_index(device)).rng_state()
+        return torch.tensor([seed & ((1 << 63) - 1), counter], dtype=torch.int64).view(torch.uint8)
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = "ltc") -> None:
+        seed, counter = (int(v) for v in state.view(torch.int64).tolist())
+        arena.get(_index(device)).set_rng_state(seed, counter)
+
+    @staticmethod
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [_LtcDeviceModule.get_rng_state(c.index) for c in arena.contexts()]
+
+    @staticmethod
+    def set_rng_state_all(states: list[torch.Tensor]) -> None:
+        for c, st in zip(arena.contexts(), states):
+            _LtcDeviceModule.set_rng_state(st, c.index)
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
@@ -96,6 +122,13 @@ def _factory_kernel(op: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return _privateuse1_fallback(op, *args, **kwargs)
     return kernel
+
+
+def _index(device: Any) -> int | None:
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    return d.index
 
 
 def _wrap_result(out: Any) -> Any:
