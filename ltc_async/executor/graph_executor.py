@@ -27,6 +27,7 @@ import torch
 from .. import metrics
 from .._config import config
 from ..backend import Computation
+from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
 from .device import DeviceContext, ExecutionError, caller_location, lock_devices
 from .futures import BackendData, ComputationError, Future, MultiWait
@@ -168,6 +169,8 @@ def _sync_locked(ctx: DeviceContext, tensors: Sequence[Any], label: str | None) 
     roots, pending, which = _roots_of(tensors)
     if not roots:
         return None
+    if config.ir_debug:
+        lint(roots)
     plan = GraphPlan(roots)
     comp = compile_plan(ctx, plan)
     future = Future(label or caller_location(), ctx)

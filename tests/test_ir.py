@@ -1,0 +1,80 @@
+"""IR invariants (`ltc_async.ir.lint`), one test per rule, and the node hashes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ltc_async as ltc
+from ltc_async.executor.futures import BackendData
+from ltc_async.ir.lint import IRLintError, lint
+from ltc_async.ir.node import SCALAR, TENSOR, Node, TensorMeta, make_data_node
+from ltc_async.tensor.lazy_tensor import unwrap
+
+aten = torch.ops.aten
+META = TensorMeta((2,), (1,), torch.float32)
+
+
+def _data() -> Node:
+    return make_data_node(BackendData(None, META, value=torch.zeros(2)), META)
+
+
+def _add(a: Node, b: Node, **over) -> Node:
+    kw = dict(op=aten.add.Tensor, operands=((a, 0), (b, 0)), template=((TENSOR, 0), (TENSOR, 1), 1),
+              scalars=(), outputs=(META,), out_spec=(None,))
+    kw.update(over)
+    return Node(**kw)
+
+
+def test_traced_graphs_pass_lint():
+    x = torch.randn(4, 3).to("ltc:0")
+    y = (torch.relu(x @ x.t()) * 0.5).softmax(-1)[0]
+    inner = unwrap(y)
+    lint([inner._v])
+    assert inner._v[0].hash == inner._v[0].hash and isinstance(inner._v[0].hash, int)
+
+
+def test_lint_root_index_out_of_range():
+    n = _add(_data(), _data())
+    with pytest.raises(IRLintError, match="output index"):
+        lint([(n, 1)])
+
+
+def test_lint_device_data_needs_data():
+    bad = make_data_node(None, META)
+    with pytest.raises(IRLintError, match="device data"):
+        lint([(bad, 0)])
+
+
+def test_lint_operand_missing_output():
+    a = _data()
+    n = _add(a, a, operands=((a, 0), (a, 3)))
+    with pytest.raises(IRLintError, match="missing output"):
+        lint([(n, 0)])
+
+
+def test_lint_template_must_use_every_operand():
+    a, b = _data(), _data()
+    n = _add(a, b, template=((TENSOR, 0), (TENSOR, 0), 1))
+    with pytest.raises(IRLintError, match="uses operands"):
+        lint([(n, 0)])
+
+
+def test_lint_template_must_use_every_scalar():
+    a, b = _data(), _data()
+    n = _add(a, b, template=((TENSOR, 0), (TENSOR, 1), (SCALAR, 0, float)), scalars=(1.0, 2.0))
+    with pytest.raises(IRLintError, match="uses scalars"):
+        lint([(n, 0)])
+
+
+def test_lint_out_spec_matches_outputs():
+    n = _add(_data(), _data(), out_spec=(2,))
+    with pytest.raises(IRLintError, match="out_spec"):
+        lint([(n, 0)])
+
+
+def test_dag_hash_covers_structure_not_values():
+    a1, b1 = _data(), _data()
+    assert _add(a1, b1).hash == _add(_data(), _data()).hash       # shape/dtype, not values
+    assert _add(a1, b1).hash != _add(a1, b1, template=((TENSOR, 0), (TENSOR, 1), 2)).hash
+    x = torch.randn(3).to("ltc:0")
+    assert ltc.debug.graph_hash([x * 2]) != ltc.debug.graph_hash([x + 2])
