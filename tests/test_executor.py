@@ -243,3 +243,23 @@ def test_strides_and_contiguity_reported_like_eager(view):
     a, b = view(x), view(x.to("ltc:0"))
     assert b.stride() == a.stride() and b.is_contiguous() == a.is_contiguous()
     assert_eager(b, a)
+
+
+def test_compile_failure_falls_back_to_the_interpreter(metrics, monkeypatch):
+    """A graph the backend cannot compile still runs (eagerly, counted), never poisons the device."""
+    ctx = ltc_async_arena().get("ltc:0")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("lowering exploded")
+    monkeypatch.setattr(ctx.backend, "compile", broken)
+    x = torch.randn(3, 5)
+    y = torch.tanh(x.to("ltc:0")).sum(1) * 7.0   # a shape no earlier test compiled
+    with pytest.warns(UserWarning, match="lowering exploded"):
+        ltc.mark_step()
+    assert metrics.counter_value("CompileFallback") == 1
+    assert_eager(y, torch.tanh(x).sum(1) * 7.0)
+
+
+def ltc_async_arena():
+    from ltc_async.executor import arena
+    return arena

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -27,6 +28,7 @@ import torch
 from .. import metrics
 from .._config import config
 from ..backend import Computation
+from ..ir.interpreter import Interpreter
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
 from .device import DeviceContext, ExecutionError, caller_location, lock_devices
@@ -131,7 +133,13 @@ def compile_plan(ctx: DeviceContext, plan: GraphPlan) -> Computation:
     metrics.counter("UncachedCompile")
     metrics.counter(metrics.COMPILE_SHAPES_PREFIX + _input_shapes(plan))
     t0 = time.perf_counter()
-    comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+    try:
+        comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+    except Exception as e:  # noqa: BLE001 - the step must still run: interpret it eagerly
+        metrics.counter("CompileFallback")
+        warnings.warn(f"ltc_async: {ctx.backend.name} could not compile a graph "
+                      f"({type(e).__name__}: {e}); running it with the IR interpreter", stacklevel=3)
+        comp = Interpreter(plan.order, plan.roots, ctx.backend_device)
     metrics.add_sample("CompileTime", time.perf_counter() - t0)
     cache.put(key, comp)
     return comp

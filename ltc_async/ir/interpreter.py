@@ -1,0 +1,69 @@
+"""An interpreter over the IR: replays a cut graph with eager aten calls.
+
+It is the reference semantics of the IR (the `reference` backend is just this), and the
+executor's fallback when a backend fails to compile a graph: the step still runs, eagerly.
+Values are `torch.Tensor`s on the backing device.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..backend import Computation
+from .node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+
+
+class Interpreter(Computation):
+    """Replays the post-ordered nodes with eager aten calls."""
+
+    def __init__(self, order: list[Node], roots: list[tuple[Node, int]], device: torch.device) -> None:
+        self.device = device
+        pos = {id(n): k for k, n in enumerate(order)}
+        # Only structure and constants are kept: the same Computation serves every graph with
+        # this key, whatever node objects a later step traced.
+        self.steps = [(n.op, n.template, [(pos[id(o)], i) for o, i in n.operands], len(n.scalars), n.out_spec)
+                      for n in order]
+        self.roots = [(pos[id(n)], i) for n, i in roots]
+        self.backend_text = "\n".join(
+            f"%{k} = {'device_data' if op is DEVICE_DATA else op}" for k, (op, *_rest) in enumerate(self.steps))
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        env: list[list[Any]] = []
+        it = iter(inputs)
+        for op, template, operands, n_scalars, out_spec in self.steps:
+            if op is DEVICE_DATA:
+                env.append([next(it)])
+                continue
+            scalars = [next(it) for _ in range(n_scalars)]
+            vals = [env[k][i] for k, i in operands]
+            args = [self._arg(e, vals, scalars) for e in template]
+            schema = op._schema
+            npos = sum(1 for a in schema.arguments if not a.kwarg_only)
+            out = op(*args[:npos], **{a.name: v for a, v in zip(schema.arguments[npos:], args[npos:])})
+            flat: list[Any] = []
+            for r, s in zip(out if isinstance(out, tuple) else (out,), out_spec):
+                if s is None:
+                    flat.append(r)
+                elif s is not False:
+                    flat.extend(r)
+            env.append(flat)
+        return [env[k][i] for k, i in self.roots]
+
+    def _arg(self, e: Any, vals: list[Any], scalars: list[Any]) -> Any:
+        if type(e) is tuple and e and type(e[0]) is Tag:
+            if e[0] is TENSOR:
+                return vals[e[1]]
+            if e[0] is TENSOR_LIST:
+                return [None if r is None else vals[r] for r in e[1]]
+            if e[0] is SCALAR:
+                return scalars[e[1]]
+            if e[0] is RNG:
+                g = torch.Generator(self.device)
+                g.manual_seed(scalars[e[1]])
+                return g
+        if isinstance(e, torch.device) and e.type == "ltc":
+            return self.device
+        if type(e) is tuple:
+            return list(e)
+        return e
