@@ -40,7 +40,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -530,6 +529,18 @@ def _recompiles_during(fn):
     return v, (ltc.metrics.counter_value("UncachedCompile") or 0) - before
 
 
+class _HostWorker:
+    """A daemon thread running submitted functions in order, with `threads` intra-op threads."""
+
+    def __init__(self, threads: int) -> None:
+        import concurrent.futures
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, initializer=torch.set_num_threads, initargs=(threads,))
+
+    def submit(self, fn):
+        return self._pool.submit(fn)
+
+
 def _bench_concurrent(args) -> dict[str, Result]:
     sec = "devices.concurrent"
     iters = args.devices_graph_iters
@@ -557,20 +568,20 @@ def _bench_concurrent(args) -> dict[str, Result]:
         return dt
 
     def eager_work() -> None:
-        torch.set_num_threads(1)  # like one ltc CPU device worker here
         x = base
         for _ in range(iters):
             x = torch.tanh(x @ x)
 
+    # two long-lived host threads with one intra-op thread each, like the ltc CPU device workers
+    host_workers = [_HostWorker(threads=1) for _ in range(2)]
+
     def run_eager(n_threads: int) -> float:
         """Machine reference: the same graph in eager mode on `n_threads` host threads at once."""
         gc.collect()
-        threads = [threading.Thread(target=eager_work) for _ in range(n_threads)]
         t0 = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        done = [w.submit(eager_work) for w in host_workers[:n_threads]]
+        for d in done:
+            d.result()
         return time.perf_counter() - t0
 
     cases = {EAGER_T1: lambda: run_eager(1), EAGER_T2: lambda: run_eager(2),
