@@ -57,7 +57,7 @@ class Node:
 
     def __init__(self, op: Any, operands: tuple, template: tuple, scalars: tuple,
                  outputs: tuple[TensorMeta, ...], out_spec: tuple, data: Any = None,
-                 origin: str | None = None) -> None:
+                 origin: str | None = None, op_key: str | None = None) -> None:
         self.op = op                # torch._ops.OpOverload, or DEVICE_DATA
         self.operands = operands    # tuple of (Node, output_index)
         self.template = template    # one entry per schema argument, see module docstring
@@ -66,7 +66,11 @@ class Node:
         self.out_spec = out_spec    # per schema return: None (one tensor) or n (Tensor[] of n)
         # The key is what makes two nodes interchangeable in a compiled graph.  Device data is
         # keyed by shape/dtype only, so new parameter values reuse the compiled graph.
-        self.key = (op, template) if op is not DEVICE_DATA else (op, outputs)
+        # (`op_key`, the op's qualified name, hashes faster than the OpOverload itself.)
+        if op is DEVICE_DATA:
+            self.key = (op, outputs)
+        else:
+            self.key = (op_key or _op_key(op), template)
         self.data = data            # BackendData, for DEVICE_DATA nodes
         self.origin = origin        # "file:line" of the user code that traced it (debug mode)
         self._hash: int | None = None
@@ -102,6 +106,11 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.name}, outputs={[tuple(m.shape) for m in self.outputs]})"
+
+
+def _op_key(op: Any) -> str:
+    schema = op._schema
+    return schema.name + ("." + schema.overload_name if schema.overload_name else "")
 
 
 def make_data_node(data: Any, meta: TensorMeta) -> Node:

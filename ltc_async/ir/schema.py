@@ -7,7 +7,6 @@ which are constants (node attributes), and how to bind a call's `args`/`kwargs` 
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -48,7 +47,7 @@ def _arg_kind(t: torch._C.JitType) -> int:
 class OpInfo:
     """Schema facts about one `OpOverload`, cached (see `op_info`)."""
 
-    __slots__ = ("op", "name", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
+    __slots__ = ("op", "name", "qualname", "counter", "identity", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded",
                  "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin")
 
@@ -56,6 +55,11 @@ class OpInfo:
         schema = op._schema
         self.op = op
         self.name = schema.name.split("::")[-1] + ("." + schema.overload_name if schema.overload_name else "")
+        # Keys use this string rather than the OpOverload: its hash is cached by Python, while
+        # OpOverload.__hash__ is a Python-level method (measurable on the per-op path).
+        self.qualname = schema.name + ("." + schema.overload_name if schema.overload_name else "")
+        self.counter = "ltc::" + schema.name.split("::")[-1]   # per-op trace counter
+        self.identity = False  # set by the dispatcher for ops that are the identity on values
         self.arg_names = tuple(a.name for a in schema.arguments)
         self.kinds = tuple(_arg_kind(a.type) for a in schema.arguments)
         self.defaults = tuple(a.default_value if a.has_default_value() else _NO_DEFAULT
@@ -120,6 +124,11 @@ class OpInfo:
         return full
 
 
-@functools.lru_cache(maxsize=None)
+_infos: dict[int, OpInfo] = {}  # by id(op): OpOverloads live as long as the process
+
+
 def op_info(op: torch._ops.OpOverload) -> OpInfo:
-    return OpInfo(op)
+    info = _infos.get(id(op))
+    if info is None:
+        info = _infos[id(op)] = OpInfo(op)
+    return info

@@ -39,20 +39,19 @@ aten = torch.ops.aten
 _FALLBACK = "fallback"                 # shape-cache value: run this signature eagerly
 _shape_cache: dict[tuple, Any] = {}    # (op, template, input metas) -> (metas, out_spec) | _FALLBACK
 _SHAPE_CACHE_MAX = 1 << 16
-_counter_names: dict[Any, str] = {}
+_entries: dict[int, tuple[Any, OpInfo]] = {}  # id(op) -> (special handler, OpInfo)
 _SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
 _META = torch.device("meta")
 
 
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
-    handler = _SPECIAL.get(func)
+    entry = _entries.get(id(func))  # by id: OpOverload.__hash__ is slow Python code
+    if entry is None:
+        entry = _entries[id(func)] = (_SPECIAL.get(func), op_info(func))
+    handler, info = entry
     if handler is not None:
         return handler(func, args, kwargs or {})
-    info = op_info(func)
-    name = _counter_names.get(func)
-    if name is None:
-        name = _counter_names[func] = "ltc::" + info.name.split(".")[0]
-    metrics.counter(name)
+    metrics.counter(info.counter)
     if info.is_inplace_or_out:
         return mutating_host_op(func, info, args, kwargs or {})
     if not info.returns_only_tensors:
@@ -177,12 +176,12 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
             if type(e) is tuple and e and e[0] is RNG:
                 scalars[e[1]] = _seed_from(ctx, scalars[e[1]])
     tpl = tuple(template)
-    skey = (func, tpl, tuple([n.outputs[i] for n, i in operands]))
+    skey = (info.qualname, tpl, tuple([n.outputs[i] for n, i in operands]))
     res = _shape_cache.get(skey)
     if res is None:
         res = _FALLBACK if func in _LAYOUT_DEPENDENT else _infer(func, info, full)
         if res is not _FALLBACK and not ctx.backend.can_lower(
-                Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1])):
+                Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1], op_key=info.qualname)):
             res = _FALLBACK
         if len(_shape_cache) >= _SHAPE_CACHE_MAX:  # programs with endless new shapes
             _shape_cache.clear()
@@ -190,11 +189,11 @@ def trace(func: Any, info: OpInfo, full: list, alias_of: LtcTensor | None = None
     if res is _FALLBACK:
         return eager_fallback(func, info, full, ctx)
     metas, out_spec = res
-    if func in _IDENTITY:
+    if info.identity:
         src = operands[0]
         return make_tensor(ctx, src[0], src[1], metas[0])
     node = Node(func, tuple(operands), tpl, tuple(scalars), metas, out_spec,
-                origin=caller_location() if config.ir_debug else None)
+                origin=caller_location() if config.ir_debug else None, op_key=info.qualname)
     if out_spec == (None,):
         return make_tensor(ctx, node, 0, metas[0])
     outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(metas)]
@@ -579,6 +578,8 @@ _LAYOUT_DEPENDENT = {aten.as_strided_copy.default, aten.as_strided_scatter.defau
 
 _IDENTITY = {aten.detach_copy.default, aten.alias_copy.default, aten.lift_fresh_copy.default,
              aten.clone.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default}
+for _op in _IDENTITY:
+    op_info(_op).identity = True
 
 _SPECIAL: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._to_copy.default: _to_copy,
