@@ -39,3 +39,31 @@ def assert_eager(lazy: torch.Tensor, eager: torch.Tensor, **kw) -> None:
     assert host.dtype == eager.dtype, (host.dtype, eager.dtype)
     assert host.shape == eager.shape, (host.shape, eager.shape)
     torch.testing.assert_close(host, eager, **kw)
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
+    """Run `code` in a fresh interpreter (device configuration is per process); return stdout."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r.stdout
+
+
+def run_in_threads(fn, arg_lists: list[tuple], timeout: float) -> None:
+    """Run `fn(*args)` on one thread per entry; fail on a hang (deadlock) or on any exception."""
+    import threading
+    errors: list[BaseException] = []
+
+    def guarded(*args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=guarded, args=a, daemon=True) for a in arg_lists]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
+    assert not errors, errors

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ltc_async as ltc
-from conftest import assert_eager
+from conftest import assert_eager, run_in_threads
 from ltc_async.executor import arena
 
 
@@ -188,33 +188,23 @@ def test_async_step_closure_error_reraised_at_next_barrier():
 
 def test_threads_trace_and_sync_concurrently():
     results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        try:
-            g = torch.Generator().manual_seed(k)
-            host = torch.randn(32, 32, generator=g)
-            dev = f"ltc:{k % 2}"
-            x = host.to(dev)
-            ref = host
-            for i in range(30):
-                x = torch.relu(x @ x.t() / 32 + 0.1 * i)
-                ref = torch.relu(ref @ ref.t() / 32 + 0.1 * i)
-                if i % 7 == 0:
-                    ltc.mark_step(dev)
-                if i % 11 == 0:
-                    x.sum().item()
-            results[k] = (x.cpu(), ref)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        g = torch.Generator().manual_seed(k)
+        host = torch.randn(32, 32, generator=g)
+        dev = f"ltc:{k % 2}"
+        x = host.to(dev)
+        ref = host
+        for i in range(30):
+            x = torch.relu(x @ x.t() / 32 + 0.1 * i)
+            ref = torch.relu(ref @ ref.t() / 32 + 0.1 * i)
+            if i % 7 == 0:
+                ltc.mark_step(dev)
+            if i % 11 == 0:
+                x.sum().item()
+        results[k] = (x.cpu(), ref)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
-    assert not errors, errors
+    run_in_threads(worker, [(k,) for k in range(8)], timeout=120)
     assert len(results) == 8
     for lazy, ref in results.values():
         torch.testing.assert_close(lazy, ref, rtol=1e-4, atol=1e-4)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ltc_async as ltc
-from conftest import assert_eager
+from conftest import assert_eager, run_python
 
 
 def _step(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -125,9 +125,7 @@ def test_two_virtual_cpu_devices_from_environment():
             "assert x.device == torch.device('ltc:1')\n"
             "assert x.cpu().tolist() == [0., 2., 4., 6., 8., 10.]\n"
             "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    assert run_python(code, env).strip() == "ok"
 
 
 def test_metrics_api(metrics):
@@ -200,9 +198,7 @@ def test_reference_backend_agrees_with_eager():
             "torch.testing.assert_close(lm.weight.grad.cpu(), m.weight.grad)\n"
             "assert ltc.metrics.counter_value('UncachedCompile') >= 1\n"
             "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    assert run_python(code).strip() == "ok"
 
 
 def test_bad_device_strings_raise_at_the_call():

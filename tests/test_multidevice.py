@@ -6,14 +6,13 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 import torch
 
 import ltc_async as ltc
-from conftest import assert_eager
+from conftest import assert_eager, run_in_threads, run_python
 from ltc_async.executor import arena
 from ltc_async.executor.device import lock_devices
 from ltc_async.parallel import DataParallel, all_reduce_
@@ -72,28 +71,18 @@ def test_cross_device_transfer_is_ordered_and_correct():
 def test_barrier_lock_order_does_not_deadlock():
     ctxs = arena.contexts()
     stop = time.monotonic() + 2.0
-    errors: list[BaseException] = []
 
     def hammer(order: list[int]) -> None:
-        try:
-            k = 0
-            while time.monotonic() < stop:
-                with lock_devices([ctxs[i] for i in order]):
-                    k += 1
-                x = torch.ones(4, device=f"ltc:{order[0]}") * k
-                y = torch.ones(4, device=f"ltc:{order[-1]}") * k
-                ltc.sync([x, y])             # a barrier over both devices, named in this order
-                ltc.mark_step([f"ltc:{i}" for i in order])
-                assert x.cpu().tolist() == [float(k)] * 4
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=hammer, args=(o,)) for o in ([0, 1], [1, 0], [1, 0], [0, 1])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "deadlock"
-    assert not errors, errors
+        k = 0
+        while time.monotonic() < stop:
+            with lock_devices([ctxs[i] for i in order]):
+                k += 1
+            x = torch.ones(4, device=f"ltc:{order[0]}") * k
+            y = torch.ones(4, device=f"ltc:{order[-1]}") * k
+            ltc.sync([x, y])                 # a barrier over both devices, named in this order
+            ltc.mark_step([f"ltc:{i}" for i in order])
+            assert x.cpu().tolist() == [float(k)] * 4
+    run_in_threads(hammer, [([0, 1],), ([1, 0],), ([1, 0],), ([0, 1],)], timeout=60)
 
 
 def test_all_reduce_across_devices():
@@ -168,8 +157,7 @@ def test_cuda_device_matches_eager():
             "torch.testing.assert_close(y.cpu(), (x.cuda() @ x.cuda()).relu().sum(0).cpu(), rtol=1e-4, atol=1e-4)\n"
             "assert ltc.backend_device('ltc:0') == torch.device('cuda', 0)\n"
             "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    assert run_python(code, timeout=300).strip() == "ok"
 
 
 def test_stress_example_runs_clean_in_bounded_time():
