@@ -508,3 +508,30 @@ def test_batchnorm_running_stats_inplace_updates(mark_step):
         return (bn.running_mean.cpu(), bn.running_var.cpu(), bn.num_batches_tracked.cpu(),
                 out.detach().cpu())
     assert_same(run(DEV), run("cpu"))
+
+
+def test_out_variants_and_grad_modes_match_eager():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    la, lb = a.to("ltc:0"), b.to("ltc:0")
+    out = torch.empty(3, 4, device="ltc:0")
+    ret = torch.add(la, lb, alpha=2, out=out)
+    assert ret is out
+    torch.testing.assert_close(out.cpu(), torch.add(a, b, alpha=2))
+    resized = torch.empty(0, device="ltc:0")
+    torch.mul(la, 3, out=resized)                   # out= resizes like eager
+    assert resized.shape == (3, 4)
+    torch.testing.assert_close(resized.cpu(), a * 3)
+    w = torch.ones(4, device="ltc:0", requires_grad=True)
+    with torch.no_grad():
+        w.mul_(2)                                   # in-place on a leaf under no_grad
+        frozen = la @ w
+    assert w.requires_grad and not frozen.requires_grad
+    d = w.detach()
+    d.add_(1)                                       # detach shares storage, as in eager
+    torch.testing.assert_close(w.detach().cpu(), torch.full((4,), 3.0))
+    c = w.clone()
+    c.add_(1)                                       # clone does not
+    torch.testing.assert_close(w.detach().cpu(), torch.full((4,), 3.0))
+    v = torch.zeros(2, 2, device="ltc:0").requires_grad_()
+    (v * la[:2, :2]).sum().backward()
+    torch.testing.assert_close(v.grad.cpu(), a[:2, :2])
