@@ -114,6 +114,11 @@ class DeviceContext:
         live = self._live
         live[k] = weakref.ref(t, lambda _r, k=k, live=live: live.pop(k, None))
 
+    def ensure_registered(self, t: Any) -> None:
+        """For a tensor whose value was just rebound to pending IR (in-place rebinding paths)."""
+        if getattr(t, "_id", None) not in self._live:
+            self.register(t)
+
     def unregister(self, t: Any) -> None:
         self._live.pop(t._id, None)
 

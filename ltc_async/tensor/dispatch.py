@@ -543,7 +543,7 @@ def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     out, mean, invstd, new_mean, new_var = trace(legit, op_info(legit), full)
     for dst, src in ((rmean, new_mean), (rvar, new_var)):
         dst._v = src._v
-        dst._ctx.register(dst)
+        dst._ctx.ensure_registered(dst)
     return out, mean, invstd
 
 
@@ -558,7 +558,7 @@ def copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
             value = trace(aten.copy.default, info, [dst, value, False])
         dst._v = value._v
         if not dst._v[0].is_data:
-            dst._ctx.register(dst)
+            dst._ctx.ensure_registered(dst)
         return dst
     return dst.copy_(gx.materialize([src])[0])
 
