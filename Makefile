@@ -22,8 +22,12 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/python examples/train_mlp.py
 
+# The suite on the TorchScript backend, then the executor-level tests again on the reference
+# backend (the IR interpreter): the backend seam must not change results.
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	LTC_ASYNC_BACKEND=reference $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_training.py tests/test_aliasing.py tests/test_rng.py tests/test_async.py
 
 bench: setup
 	$(BIN)/python benchmarks/bench_lazy.py
