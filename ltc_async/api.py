@@ -88,7 +88,10 @@ def _schedule(inner: list[LtcTensor]) -> list[Future]:
 
 
 def to_cpu(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """Host copies of lazy tensors, waiting only for the executions they need."""
+    """Host copies of lazy tensors, waiting only for the executions they need (pending ones
+    are cut together: one graph per device)."""
+    tensors = list(tensors)
+    _schedule(_inner_list(tensors))
     return [t.to("cpu") for t in tensors]
 
 

@@ -252,3 +252,12 @@ def test_exit_with_queued_work_does_not_hang():
     assert r.returncode == 0, r.stderr
     assert "scheduled" in r.stdout
     assert time.perf_counter() - t0 < 60
+
+
+def test_to_cpu_cuts_pending_tensors_as_one_graph(metrics):
+    x = torch.randn(3).to("ltc:0")
+    p, q = x * 2, x + 1
+    hp, hq = ltc.to_cpu([p, q])
+    assert metrics.counter_value("SyncTensorsGraphCount") == 1
+    torch.testing.assert_close(hp, x.cpu() * 2)
+    torch.testing.assert_close(hq, x.cpu() + 1)

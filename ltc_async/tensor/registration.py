@@ -67,12 +67,14 @@ class _LtcDeviceModule:
     def get_rng_state(device: Any = "ltc") -> torch.Tensor:
         """The per-device generator state (seed, draws) as a uint8 tensor, like CUDA's."""
         seed, counter = arena.get(_index(device)).rng_state()
-        return torch.tensor([seed & ((1 << 63) - 1), counter], dtype=torch.int64).view(torch.uint8)
+        seed &= (1 << 64) - 1
+        signed = seed - (1 << 64) if seed >= 1 << 63 else seed  # int64 storage of a uint64 seed
+        return torch.tensor([signed, counter], dtype=torch.int64).view(torch.uint8)
 
     @staticmethod
     def set_rng_state(state: torch.Tensor, device: Any = "ltc") -> None:
         seed, counter = (int(v) for v in state.view(torch.int64).tolist())
-        arena.get(_index(device)).set_rng_state(seed, counter)
+        arena.get(_index(device)).set_rng_state(seed & ((1 << 64) - 1), counter)
 
     @staticmethod
     def get_rng_state_all() -> list[torch.Tensor]:
