@@ -20,6 +20,9 @@ class Computation(ABC):
 
     #: the backend's text of the graph (`ltc.debug.dump_ir(..., fmt="backend")`)
     backend_text: str = ""
+    #: True when `Backend.compile` reused an already compiled program for this graph (the
+    #: graphs differ only in what the program does not encode, e.g. input shapes)
+    reused_program: bool = False
 
     @abstractmethod
     def execute(self, inputs: Sequence[Any]) -> list[Any]:

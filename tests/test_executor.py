@@ -45,7 +45,8 @@ def test_graph_key_distinguishes_shared_inputs(metrics):
     assert ltc.debug.graph_hash([s1]) != ltc.debug.graph_hash([s2])
     assert_eager(s1, a.cpu() + a.cpu())
     assert_eager(s2, a.cpu() + b.cpu())
-    assert metrics.counter_value("UncachedCompile") == 2
+    # two graph keys (a program compiled by an earlier test may be reused for either)
+    assert (metrics.counter_value("UncachedCompile") or 0) + (metrics.counter_value("CompileReuse") or 0) == 2
 
 
 def test_graph_hash_ignores_values():

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import os
 
+import pytest
 import torch
 
 import ltc_async as ltc
@@ -108,3 +110,34 @@ def test_smaller_last_batch_compiles_once_per_shape(metrics):
     by_shape = metrics.compiles_by_shape()
     assert sorted(by_shape.values()) == [1, 1]
     assert any("16x6" in k for k in by_shape) and any("2x6" in k for k in by_shape)
+
+
+@pytest.mark.skipif(os.environ.get("LTC_ASYNC_BACKEND", "torchscript") != "torchscript",
+                    reason="sharing compiled programs across shapes is a TorchScript-backend feature")
+def test_new_batch_size_reuses_the_compiled_program(metrics):
+    """Beyond LTC: a graph that differs only in input shapes lowers to the same TorchScript
+    program, which is shape-generic: the new batch size reuses it instead of compiling."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    lazy = model.to("ltc:0")
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    loss_fn = torch.nn.functional.cross_entropy
+    for batch in (16, 16, 5, 5, 16):
+        x, y = torch.randn(batch, 8), torch.randint(0, 4, (batch,))
+        opt.zero_grad()
+        loss = loss_fn(lazy(x.to("ltc:0")), y.to("ltc:0"))
+        loss.backward()
+        opt.step()
+        ltc.mark_step()
+        ref_opt.zero_grad()
+        ref_loss = loss_fn(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(lazy.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    assert metrics.counter_value("UncachedCompile") == 1     # one program compiled ...
+    assert metrics.counter_value("CompileReuse") == 1        # ... and reused for batch 5
+    assert sorted(metrics.compiles_by_shape().values()) == [1, 1]

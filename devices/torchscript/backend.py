@@ -6,6 +6,7 @@ run concurrently with tracing and with each other.
 """
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any, Sequence
 
@@ -36,6 +37,24 @@ class TSComputation(Computation):
                 g.manual_seed(inputs[i])
                 inputs[i] = g
         return list(self.fn(*inputs))
+
+
+class SharedProgram(Computation):
+    """A graph whose lowered program equals an already compiled one (other shapes only)."""
+
+    reused_program = True
+
+    def __init__(self, program: TSComputation) -> None:
+        self.program = program
+        self.backend_text = program.backend_text
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        return self.program.execute(inputs)
+
+
+_programs: "collections.OrderedDict[tuple[str, str], TSComputation]" = collections.OrderedDict()
+_programs_lock = threading.Lock()
+_MAX_PROGRAMS = 1024
 
 
 def _kind(e: Any) -> Any:
@@ -85,7 +104,21 @@ class TorchScriptBackend(Backend):
     def compile(self, order: list[Node], roots: list[tuple[Node, int]], device: torch.device) -> Computation:
         lowering = TSLowering(device)
         graph = lowering.lower(order, roots)
-        return TSComputation(graph, lowering.input_kinds, device)
+        # TorchScript programs are shape-generic: graphs that differ only in input shapes (a
+        # smaller last batch) usually lower to the same program text, and then share one
+        # compiled function instead of compiling and warming up another (LTC compiles again).
+        key = (str(device), str(graph))
+        with _programs_lock:
+            comp = _programs.get(key)
+            if comp is not None:
+                _programs.move_to_end(key)
+                return SharedProgram(comp)
+        comp = TSComputation(graph, lowering.input_kinds, device)
+        with _programs_lock:
+            _programs[key] = comp
+            while len(_programs) > _MAX_PROGRAMS:
+                _programs.popitem(last=False)
+        return comp
 
     def can_lower(self, node: Node) -> bool:
         key = (node.op, tuple(_kind(e) for e in node.template))

@@ -130,12 +130,14 @@ def compile_plan(ctx: DeviceContext, plan: GraphPlan) -> Computation:
     if comp is not None:
         metrics.counter("CachedCompile")
         return comp
-    metrics.counter("UncachedCompile")
     metrics.counter(metrics.COMPILE_SHAPES_PREFIX + _input_shapes(plan))
     t0 = time.perf_counter()
     try:
         comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+        # a new graph key, but the backend had this very program compiled already
+        metrics.counter("CompileReuse" if comp.reused_program else "UncachedCompile")
     except Exception as e:  # noqa: BLE001 - the step must still run: interpret it eagerly
+        metrics.counter("UncachedCompile")
         metrics.counter("CompileFallback")
         warnings.warn(f"ltc_async: {ctx.backend.name} could not compile a graph "
                       f"({type(e).__name__}: {e}); running it with the IR interpreter", stacklevel=3)
