@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -45,8 +46,31 @@ def test_two_devices_run_concurrently():
         return time.perf_counter() - t0
     one = min(timed([0]) for _ in range(2))
     both = min(timed([0, 1]) for _ in range(2))
+    # The machine's own capacity for two such computations at once, measured here: two host
+    # threads with one intra-op thread each (what each CPU device worker gets).
+    hosts = [x.cpu() for x in xs]
+
+    def eager(k: int) -> None:
+        torch.set_num_threads(1)
+        _heavy(hosts[k], 10)
+
+    def timed_eager(n: int) -> float:
+        threads = [threading.Thread(target=eager, args=(k,)) for k in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - t0
+    saved = torch.get_num_threads()
+    try:
+        machine = min(timed_eager(2) for _ in range(2)) / min(timed_eager(1) for _ in range(2))
+    finally:
+        torch.set_num_threads(saved)
     # each CPU device owns its share of the cores: two graphs at once take about as long as one
-    assert both < 1.6 * one, (one, both)
+    # (ratio ~1 on an idle 2-core machine, 2 if the devices were serialised); the bound follows
+    # what the machine itself manages right now, so an external load cannot fail the test
+    assert both / one < max(1.6, 1.3 * machine), (one, both, machine)
 
 
 def test_cross_device_transfer_is_ordered_and_correct():
