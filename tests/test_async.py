@@ -29,9 +29,19 @@ def _heavy_input(seed: int = 0, size: int = 768) -> torch.Tensor:
 
 def test_mark_step_returns_before_execution_finishes():
     x = _heavy_input().to("ltc:0")
-    _heavy(x, 12)
-    ltc.mark_step(wait=True)             # warm-up: compile + TorchScript profiling runs
-    y = _heavy(x, 12)
+    n = 12
+    while True:                          # size the graph to take >= ~0.2 s on this machine
+        warm = _heavy(x, n)
+        ltc.mark_step(wait=True)         # warm-up: compile + TorchScript profiling runs
+        probe = _heavy(x, n)
+        t0 = time.perf_counter()
+        ltc.mark_step(wait=True)
+        took = time.perf_counter() - t0
+        del warm, probe
+        if took >= 0.2 or n >= 200:
+            break
+        n = min(200, int(n * 0.25 / max(took, 1e-3)) + 1)
+    y = _heavy(x, n)
     t0 = time.perf_counter()
     ltc.mark_step()
     t_mark = time.perf_counter() - t0
@@ -39,7 +49,7 @@ def test_mark_step_returns_before_execution_finishes():
     t_total = time.perf_counter() - t0
     assert t_total > 0.05, "the graph should take a noticeable time to execute"
     assert t_mark < 0.2 * t_total, (t_mark, t_total)
-    assert_eager(y, _heavy(x.cpu(), 12), rtol=1e-4, atol=1e-5)
+    assert_eager(y, _heavy(x.cpu(), n), rtol=1e-4, atol=1e-5)
 
 
 def test_dependent_steps_are_ordered_without_host_wait():
