@@ -3,6 +3,7 @@ virtual CPU devices, ltc:0 and ltc:1)."""
 from __future__ import annotations
 
 import os
+import time
 
 # Two virtual CPU devices unless the caller chose: multi-device behaviour is tested in-process.
 os.environ.setdefault("LTC_ASYNC_DEVICES", "cpu,cpu")
@@ -67,3 +68,35 @@ def run_in_threads(fn, arg_lists: list[tuple], timeout: float) -> None:
         t.join(timeout=timeout)
     assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
     assert not errors, errors
+
+
+def heavy(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A compute-bound chain of n matmuls (lazy or eager, whatever `x` is)."""
+    for _ in range(n):
+        x = torch.tanh(x @ x)
+    return x
+
+
+_calibrated: dict[tuple, int] = {}
+
+
+def heavy_steps(x: torch.Tensor, seconds: float, limit: int = 200) -> int:
+    """How many `heavy` steps on `x`'s lazy device take at least `seconds` to execute here
+    (compiled and warmed up), so timing tests hold on slow and fast machines alike."""
+    key = (tuple(x.shape), str(x.device), seconds)
+    n = _calibrated.get(key)
+    if n is not None:
+        return n
+    n = 8
+    while True:
+        warm = heavy(x, n)
+        ltc.sync([warm])                      # compile + TorchScript profiling runs
+        probe = heavy(x, n)
+        t0 = time.perf_counter()
+        ltc.sync([probe])
+        took = time.perf_counter() - t0
+        if took >= seconds or n >= limit:
+            break
+        n = min(limit, int(n * 1.25 * seconds / max(took, 1e-3)) + 1)
+    _calibrated[key] = n
+    return n

@@ -12,14 +12,8 @@ import pytest
 import torch
 
 import ltc_async as ltc
-from conftest import assert_eager, run_in_threads
+from conftest import assert_eager, heavy, heavy_steps, run_in_threads
 from ltc_async.executor import arena
-
-
-def _heavy(x: torch.Tensor, n: int) -> torch.Tensor:
-    for _ in range(n):
-        x = torch.tanh(x @ x)
-    return x
 
 
 def _heavy_input(seed: int = 0, size: int = 768) -> torch.Tensor:
@@ -29,19 +23,8 @@ def _heavy_input(seed: int = 0, size: int = 768) -> torch.Tensor:
 
 def test_mark_step_returns_before_execution_finishes():
     x = _heavy_input().to("ltc:0")
-    n = 12
-    while True:                          # size the graph to take >= ~0.2 s on this machine
-        warm = _heavy(x, n)
-        ltc.mark_step(wait=True)         # warm-up: compile + TorchScript profiling runs
-        probe = _heavy(x, n)
-        t0 = time.perf_counter()
-        ltc.mark_step(wait=True)
-        took = time.perf_counter() - t0
-        del warm, probe
-        if took >= 0.2 or n >= 200:
-            break
-        n = min(200, int(n * 0.25 / max(took, 1e-3)) + 1)
-    y = _heavy(x, n)
+    n = heavy_steps(x, 0.2)              # a graph that takes >= 0.2 s here, compiled and warm
+    y = heavy(x, n)
     t0 = time.perf_counter()
     ltc.mark_step()
     t_mark = time.perf_counter() - t0
@@ -49,32 +32,29 @@ def test_mark_step_returns_before_execution_finishes():
     t_total = time.perf_counter() - t0
     assert t_total > 0.05, "the graph should take a noticeable time to execute"
     assert t_mark < 0.2 * t_total, (t_mark, t_total)
-    assert_eager(y, _heavy(x.cpu(), n), rtol=1e-4, atol=1e-5)
+    assert_eager(y, heavy(x.cpu(), n), rtol=1e-4, atol=1e-5)
 
 
 def test_dependent_steps_are_ordered_without_host_wait():
     host = _heavy_input(1)
     x = host.to("ltc:0")
     ctx = arena.get("ltc:0")
-    _heavy(x, 8)
-    ltc.mark_step(wait=True)
-    a = _heavy(x, 8)
+    n = heavy_steps(x, 0.1)
+    a = heavy(x, n)
     ltc.mark_step()
     first = ctx.last
     b = a * 2 + 1                        # consumes step 1's placeholder output
     ltc.mark_step()
     assert not first.done(), "tracing and scheduling step 2 must not have waited for step 1"
     c = b.sum(0)
-    ref_a = _heavy(host, 8)
+    ref_a = heavy(host, n)
     assert_eager(c, (ref_a * 2 + 1).sum(0), rtol=1e-4, atol=1e-4)
     assert_eager(a, ref_a, rtol=1e-4, atol=1e-5)
 
 
 def test_wait_and_read_touch_only_the_devices_they_need():
     busy = _heavy_input(2).to("ltc:1")
-    _heavy(busy, 10)
-    ltc.mark_step("ltc:1", wait=True)
-    slow = _heavy(busy, 10)
+    slow = heavy(busy, heavy_steps(busy, 0.1))
     ltc.mark_step("ltc:1")
     quick = torch.arange(4.0).to("ltc:0") * 3
     ltc.mark_step("ltc:0")

@@ -13,18 +13,12 @@ import pytest
 import torch
 
 import ltc_async as ltc
-from conftest import assert_eager, run_in_threads, run_python
+from conftest import assert_eager, heavy, run_in_threads, run_python
 from ltc_async.executor import arena
 from ltc_async.executor.device import lock_devices
 from ltc_async.parallel import DataParallel, all_reduce_
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _heavy(x: torch.Tensor, n: int) -> torch.Tensor:
-    for _ in range(n):
-        x = torch.tanh(x @ x)
-    return x
 
 
 def _input(seed: int, size: int = 512) -> torch.Tensor:
@@ -34,11 +28,11 @@ def _input(seed: int, size: int = 512) -> torch.Tensor:
 def test_two_devices_run_concurrently():
     xs = [_input(k, 768).to(f"ltc:{k}") for k in range(2)]
     for k in range(2):                       # warm up both devices (compile, profiling runs)
-        _heavy(xs[k], 10)
+        heavy(xs[k], 10)
         ltc.mark_step(f"ltc:{k}", wait=True)
 
     def timed(devs: list[int]) -> float:
-        ys = [_heavy(xs[k], 10) for k in devs]
+        ys = [heavy(xs[k], 10) for k in devs]
         t0 = time.perf_counter()
         ltc.mark_step([f"ltc:{k}" for k in devs])
         ltc.wait_device_ops([f"ltc:{k}" for k in devs])
@@ -52,7 +46,7 @@ def test_two_devices_run_concurrently():
 
     def eager(k: int) -> None:
         torch.set_num_threads(1)
-        _heavy(hosts[k], 10)
+        heavy(hosts[k], 10)
 
     def timed_eager(n: int) -> float:
         threads = [threading.Thread(target=eager, args=(k,)) for k in range(n)]
@@ -75,12 +69,12 @@ def test_two_devices_run_concurrently():
 
 def test_cross_device_transfer_is_ordered_and_correct():
     host = _input(3, 256)
-    a = _heavy(host.to("ltc:0"), 4)
+    a = heavy(host.to("ltc:0"), 4)
     ltc.mark_step("ltc:0")                   # still running on ltc:0 ...
     b = a.to("ltc:1")                        # ... the copy waits for it on ltc:1's queue
     assert b.device == torch.device("ltc:1")
     c = (b * 2).sum(0)
-    ref = _heavy(host, 4)
+    ref = heavy(host, 4)
     assert_eager(c, (ref * 2).sum(0), rtol=1e-4, atol=1e-4)
     # pending IR on the source is scheduled by the transfer itself
     d = (a + 1).to("ltc:1") - 1

@@ -8,12 +8,7 @@ import torch
 import trio
 
 import ltc_async as ltc
-
-
-def _heavy(x: torch.Tensor, n: int) -> torch.Tensor:
-    for _ in range(n):
-        x = torch.tanh(x @ x)
-    return x
+from conftest import heavy, heavy_steps
 
 
 def _input(size: int = 768) -> torch.Tensor:
@@ -24,10 +19,8 @@ def _input(size: int = 768) -> torch.Tensor:
 async def test_heartbeat_keeps_ticking_during_wait():
     host = _input()
     x = host.to("ltc:0")
-    _heavy(x, 10)
-    await ltc.mark_step_async()
-    await ltc.wait_device_ops_async()        # warm-up (compile, profiling runs)
-    y = _heavy(x, 10)
+    n = heavy_steps(x, 0.1)                  # compiled, warm, >= 0.1 s of device work
+    y = heavy(x, n)
     ticks = 0
 
     async def heartbeat() -> None:
@@ -46,16 +39,15 @@ async def test_heartbeat_keeps_ticking_during_wait():
     # a blocked loop would give 0-1 ticks; a free one about elapsed / 5 ms
     assert ticks >= max(3, int(elapsed / 0.005 * 0.3)), (ticks, elapsed)
     (out,) = await ltc.to_cpu_async([y])
-    torch.testing.assert_close(out, _heavy(host, 10), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, heavy(host, n), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.trio
 async def test_cancellation_is_prompt_and_results_stay_valid():
     host = _input()
     x = host.to("ltc:0")
-    _heavy(x, 12)
-    ltc.mark_step(wait=True)
-    y = _heavy(x, 12)
+    n = heavy_steps(x, 0.1)
+    y = heavy(x, n)
     await ltc.mark_step_async()
     t0 = time.perf_counter()
     with trio.move_on_after(0.01) as scope:
@@ -66,7 +58,7 @@ async def test_cancellation_is_prompt_and_results_stay_valid():
         await ltc.to_cpu_async([y])
     await ltc.sync_async([y])                # the execution went on; results are valid
     (out,) = await ltc.to_cpu_async([y])
-    torch.testing.assert_close(out, _heavy(host, 12), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, heavy(host, n), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.trio
