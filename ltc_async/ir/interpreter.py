@@ -12,6 +12,7 @@ import torch
 
 from ..backend import Computation
 from .node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+from .schema import op_info
 
 
 class Interpreter(Computation):
@@ -38,9 +39,8 @@ class Interpreter(Computation):
             scalars = [next(it) for _ in range(n_scalars)]
             vals = [env[k][i] for k, i in operands]
             args = [self._arg(e, vals, scalars) for e in template]
-            schema = op._schema
-            npos = sum(1 for a in schema.arguments if not a.kwarg_only)
-            out = op(*args[:npos], **{a.name: v for a, v in zip(schema.arguments[npos:], args[npos:])})
+            pos_args, kw_args = op_info(op).split(args)
+            out = op(*pos_args, **kw_args)
             flat: list[Any] = []
             for r, s in zip(out if isinstance(out, tuple) else (out,), out_spec):
                 if s is None:

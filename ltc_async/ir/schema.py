@@ -107,6 +107,11 @@ class OpInfo:
                     self.generator_twin = cand
                     break
 
+    def split(self, full: list) -> tuple[list, dict]:
+        """A bound argument list back into (positional args, keyword-only kwargs)."""
+        n = self.n_positional_max
+        return list(full[:n]), {self.arg_names[i]: full[i] for i in range(n, len(full))}
+
     def bind(self, args: tuple, kwargs: dict) -> list[Any]:
         """Full argument list in schema order, defaults filled in."""
         n = len(self.kinds)

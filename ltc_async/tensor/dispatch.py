@@ -73,8 +73,8 @@ def _seeded(func: Any, info: OpInfo, full: list) -> Any:
     from torch._decomp import decomposition_table
     decomp = decomposition_table.get(func)
     if decomp is not None:
-        n = info.n_positional_max
-        return decomp(*full[:n], **{info.arg_names[i]: full[i] for i in range(n, len(full))})
+        args, kwargs = info.split(full)
+        return decomp(*args, **kwargs)
     return trace(func, info, full)  # eager fallback or backend RNG: still correct in distribution
 
 
@@ -251,9 +251,8 @@ def _to_meta(v: Any) -> Any:
 
 
 def _call(func: Any, info: OpInfo, full: list) -> Any:
-    n = info.n_positional_max
-    kw = {info.arg_names[i]: full[i] for i in range(n, len(full))}
-    return func(*full[:n], **kw)
+    args, kwargs = info.split(full)
+    return func(*args, **kwargs)
 
 
 def _infer(func: Any, info: OpInfo, full: list) -> Any:
@@ -375,8 +374,11 @@ def _eager_layout(value: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
     layout, and compiled graphs are free to produce other layouts)."""
     if tuple(value.stride()) == meta.stride or value.dim() == 0:
         return value
+    # what preserve_format makes of the lazy tensor's strides (dense for expanded views)
     like = torch.empty_strided(meta.shape, meta.stride, dtype=value.dtype, device=_META)
     out = torch.empty_like(like, device=value.device)
+    if tuple(out.stride()) == tuple(value.stride()):
+        return value
     return out.copy_(value)
 
 
@@ -394,7 +396,7 @@ def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> A
     metrics.counter("EagerFallback")
     metrics.counter("EagerFallback::" + info.name)
     n = info.n_positional_max
-    args, kwargs, _ = _materialize_args(full[:n], {info.arg_names[i]: full[i] for i in range(n, len(full))})
+    args, kwargs, _ = _materialize_args(*info.split(full))
     for i, k in enumerate(info.kinds):
         if k == GENERATOR:  # keep per-device seeding: a generator on the backing device
             g = torch.Generator(ctx.backend_device)
@@ -433,7 +435,7 @@ def mutating_host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         for t in lazy_in(full[i]):
             written[id(t)] = t
     n = info.n_positional_max
-    hargs, hkwargs, _ = _materialize_args(full[:n], {info.arg_names[i]: full[i] for i in range(n, len(full))})
+    hargs, hkwargs, _ = _materialize_args(*info.split(full))
     clones: dict[int, tuple[torch.Tensor, LtcTensor]] = {}  # id(host copy) -> (copy, lazy)
 
     def clone_written(v: Any, lazy: Any) -> Any:
@@ -489,13 +491,8 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         metrics.counter("TensorToHost")
         value = gx.materialize([x])[0]
         out = func(value, **kwargs)
-        meta = x._m
-        if tuple(out.stride()) != meta.stride and kwargs.get("memory_format") in (None, torch.preserve_format):
-            # eager's layout for this copy: what preserve_format makes of the lazy tensor's strides
-            like = torch.empty_strided(meta.shape, meta.stride, dtype=out.dtype, device=_META)
-            fixed = torch.empty_like(like, device=out.device)
-            if tuple(fixed.stride()) != tuple(out.stride()):
-                out = fixed.copy_(out)
+        if kwargs.get("memory_format") in (None, torch.preserve_format):
+            out = _eager_layout(out, x._m)  # eager's layout for this copy
         return out
     # Functionalization hands `_to_copy` results back unwrapped (it expects them to leave the
     # functional world, as `.cpu()` does), so lazy results are wrapped here.
