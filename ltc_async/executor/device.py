@@ -114,13 +114,19 @@ class DeviceContext:
         live = self._live
         live[k] = weakref.ref(t, lambda _r, k=k, live=live: live.pop(k, None))
 
-    def ensure_registered(self, t: Any) -> None:
-        """For a tensor whose value was just rebound to pending IR (in-place rebinding paths)."""
-        if getattr(t, "_id", None) not in self._live:
-            self.register(t)
-
     def unregister(self, t: Any) -> None:
         self._live.pop(t._id, None)
+
+    def rebind(self, t: Any, value: tuple) -> None:
+        """The one writer of an existing lazy tensor's value `t._v` (a `(Node, index)` pair):
+        under the device lock, so a concurrent `mark_step` never reads a half-updated tensor,
+        loses the update or unregisters a tensor that holds pending IR again."""
+        with self.lock:
+            t._v = value
+            if value[0].is_data:
+                self._live.pop(getattr(t, "_id", None), None)
+            elif getattr(t, "_id", None) not in self._live:
+                self.register(t)
 
     def live_tensors(self) -> list[Any]:
         """Tensors with pending IR, oldest first (a stable order keeps graph keys stable)."""

@@ -458,8 +458,7 @@ def mutating_host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
             o.wait()  # a c10d Work: the host copies are complete before lazy work reads them
     results: dict[int, LtcTensor] = {}
     for key, (host, lazy) in clones.items():
-        lazy._v = adopt(lazy._ctx, host)._v  # the written lazy tensor now names the result
-        lazy._ctx.unregister(lazy)
+        lazy._ctx.rebind(lazy, adopt(lazy._ctx, host)._v)  # the written tensor names the result
         results[key] = lazy
 
     def back(o: Any) -> Any:
@@ -539,8 +538,7 @@ def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     metrics.counter("ltc::_native_batch_norm_legit_functional")
     out, mean, invstd, new_mean, new_var = trace(legit, op_info(legit), full)
     for dst, src in ((rmean, new_mean), (rvar, new_var)):
-        dst._v = src._v
-        dst._ctx.ensure_registered(dst)
+        dst._ctx.rebind(dst, src._v)
     return out, mean, invstd
 
 
@@ -553,9 +551,7 @@ def copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         if value._m.shape != dst._m.shape or value._m.dtype != dst._m.dtype:
             info = op_info(aten.copy.default)
             value = trace(aten.copy.default, info, [dst, value, False])
-        dst._v = value._v
-        if not dst._v[0].is_data:
-            dst._ctx.ensure_registered(dst)
+        dst._ctx.rebind(dst, value._v)
         return dst
     return dst.copy_(gx.materialize([src])[0])
 
