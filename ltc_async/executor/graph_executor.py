@@ -28,7 +28,7 @@ import torch
 from .. import metrics
 from .._config import config
 from ..backend import Computation
-from ..ir.interpreter import Interpreter
+from .interpreter import Interpreter
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
 from .device import DeviceContext, ExecutionError, caller_location, lock_devices

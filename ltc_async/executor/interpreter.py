@@ -11,8 +11,8 @@ from typing import Any, Sequence
 import torch
 
 from ..backend import Computation
-from .node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
-from .schema import op_info
+from ..ir.node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+from ..ir.schema import op_info
 
 
 class Interpreter(Computation):
