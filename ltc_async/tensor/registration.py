@@ -17,7 +17,9 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from ..executor import arena
+from ..executor import graph_executor as gx
 from .dispatch import dispatch
+from .special import copy_into
 from .lazy_tensor import LtcTensor, wrap
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
@@ -87,14 +89,12 @@ class _LtcDeviceModule:
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
-        from ..api import wait_device_ops
-        wait_device_ops(None if device is None else [device])
+        gx.wait_device_ops(arena.resolve(None if device is None else [device]))
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """`dst.copy_(src)` below functionalization (how `torch.tensor(data, device="ltc")` fills its
     result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`."""
-    from .dispatch import copy_into
     return copy_into(src, dst)
 
 

@@ -1,0 +1,84 @@
+"""Shape inference (LTC's `shape_inference` + shape cache): output metas of an op at trace time.
+
+Design note.  The op runs on `meta` tensors built from its inputs' metas, so a shape error
+raises at the user's line, exactly as eager would raise it.  Results are cached by
+(op, template, input metas): a repeated op costs one dict lookup.  An op with no meta kernel, or
+whose output shape depends on values, gets the answer `FALLBACK`: it runs eagerly on the host.
+For the `x_copy` ops functionalization produces, the strides are those of the view op `x`
+(what eager would report).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir.node import TensorMeta
+from ..ir.schema import GENERATOR, OpInfo
+from .lazy_tensor import LtcTensor
+
+FALLBACK = "fallback"                  # shape-cache value: run this signature eagerly
+cache: dict[tuple, Any] = {}           # (op, template, input metas) -> (metas, out_spec) | FALLBACK
+_CACHE_MAX = 1 << 16
+_META = torch.device("meta")
+
+
+def remember(key: tuple, res: Any) -> None:
+    if len(cache) >= _CACHE_MAX:  # programs with endless new shapes
+        cache.clear()
+    cache[key] = res
+
+
+def to_meta(v: Any) -> Any:
+    if type(v) is LtcTensor:
+        m = v._m
+        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=_META)
+    if isinstance(v, torch.Tensor):
+        return v.to(_META)
+    if isinstance(v, torch.device) and v.type == "ltc":
+        return _META
+    if isinstance(v, torch.Generator):
+        return None
+    if type(v) is list or type(v) is tuple:
+        return [to_meta(e) for e in v] if any(isinstance(e, torch.Tensor) for e in v) else v
+    return v
+
+
+def call(func: Any, info: OpInfo, full: list) -> Any:
+    args, kwargs = info.split(full)
+    return func(*args, **kwargs)
+
+
+def infer(func: Any, info: OpInfo, full: list) -> Any:
+    """Output metas by running the op on meta tensors.  User errors propagate unchanged."""
+    margs = [to_meta(v) for v in full]
+    for i, k in enumerate(info.kinds):
+        if k == GENERATOR:
+            margs[i] = None
+    try:
+        out = call(func, info, margs)
+    except NotImplementedError:
+        return FALLBACK
+    except RuntimeError as e:
+        # data-dependent shapes (repeat_interleave without output_size, ...): only the values
+        # can tell, so the op runs eagerly
+        if info.dynamic_shape and "meta" in str(e).lower():
+            return FALLBACK
+        raise
+    if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
+        try:
+            out = call(info.view_op, info, margs)
+        except Exception:  # noqa: BLE001 - the copy op's result above is still right
+            pass
+    metas: list[TensorMeta] = []
+    spec: list[Any] = []
+    for r in (out if isinstance(out, tuple) else (out,)):
+        if r is None:
+            spec.append(False)
+        elif isinstance(r, torch.Tensor):
+            spec.append(None)
+            metas.append(TensorMeta(tuple(r.shape), tuple(r.stride()), r.dtype))
+        else:
+            spec.append(len(r))
+            metas.extend(TensorMeta(tuple(e.shape), tuple(e.stride()), e.dtype) for e in r)
+    return tuple(metas), tuple(spec)
