@@ -10,8 +10,7 @@ from . import debug, metrics
 from .aio import mark_step_async, sync_async, to_cpu_async, wait_device_ops_async
 from .api import (add_step_closure, backend_device, devices, init, mark_step, sync, to_cpu,
                   wait_device_ops)
-from .executor.device import ExecutionError
-from .executor.futures import ComputationError
+from .executor.futures import ComputationError, ExecutionError
 from .tensor.registration import register as _register
 
 _register()

@@ -1,7 +1,7 @@
 """Stepping, waiting and reading values (mirrors `torch._lazy`)."""
 from __future__ import annotations
 
-import queue
+import concurrent.futures as cf
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
@@ -9,10 +9,8 @@ import torch
 
 from .executor import arena
 from .executor import graph_executor as gx
-from .executor.device import ExecutionError
-from .executor.futures import Future
+from .executor.futures import Execution, ExecutionError, Worker, strip_frames, wait_all, wait_async
 from .tensor.lazy_tensor import LtcTensor, unwrap
-
 
 
 def init(devices: list[str] | None = None, backend: str | None = None) -> list[torch.device]:
@@ -39,12 +37,21 @@ def mark_step(device: Any = None, wait: bool = False) -> None:
     the device and return at once: tensors then refer to the (future) results, so the next
     step can be traced while this one runs.  `wait=True` returns after execution finished.
 
-    Also runs the step closures added since the last `mark_step` (see `add_step_closure`) and
-    re-raises an error raised by an earlier asynchronous closure.
+    Never compiles on the caller's thread (see `executor/compiler.py`).  Runs the step closures
+    added since the last `mark_step` (see `add_step_closure`), then re-raises an error raised
+    by an earlier asynchronous closure.  Execution errors are reported by the next
+    `wait_device_ops` or read that covers them (see `executor/graph_executor.py`).
     """
     ctxs = arena.resolve(device)
-    futures = gx.mark_step(ctxs, wait=wait)
-    _closures.after_step(ctxs, futures)
+    gx.step_start(ctxs)
+    executions = gx.mark_step(ctxs)
+    sync_closures = _closures.after_step(executions)
+    if sync_closures:
+        wait_all(executions)
+        _run_all(sync_closures)
+    if wait:
+        gx.wait_device_ops(ctxs)
+    _closures.check()
 
 
 def wait_device_ops(devices: Any = None) -> None:
@@ -70,97 +77,82 @@ def sync(tensors: Sequence[torch.Tensor], wait: bool = True) -> None:
     """Materialize just these tensors (torch._lazy's `sync_multi`); `wait=False` only
     schedules them."""
     inner = _inner_list(tensors)
-    futures = _schedule(inner)
     if wait:
-        for f in futures:
-            f.wait()
-        gx.materialize(inner)  # raises for failed computations / pending device errors
-
-
-def _schedule(inner: list[LtcTensor]) -> list[Future]:
-    gx.sync_multi(inner)
-    futures = []
-    for t in inner:
-        f = t._v[0].data.future
-        if f is not None:
-            futures.append(f)
-    return futures
+        gx.materialize(inner)  # raises for failed computations / covered device errors
+    else:
+        gx.sync_multi(inner)
 
 
 def to_cpu(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """Host copies of lazy tensors, waiting only for the executions they need (pending ones
     are cut together: one graph per device)."""
     tensors = list(tensors)
-    _schedule(_inner_list(tensors))
+    gx.sync_multi(_inner_list(tensors))
     return [t.to("cpu") for t in tensors]
 
 
 # -- step closures --------------------------------------------------------------------------
 
+def _run_all(closures: list[tuple[Callable, tuple]]) -> None:
+    for fn, a in closures:
+        fn(*a)
+
+
 class _StepClosures:
-    """`add_step_closure` bookkeeping: synchronous closures run at the end of `mark_step`,
-    asynchronous ones on one background thread, in step order, after the step executed."""
+    """`add_step_closure` bookkeeping: synchronous closures run at the end of `mark_step`;
+    asynchronous ones on one `Worker` thread, in step order, each batch after its step's
+    executions finished.  Their errors are kept (under `_lock`) for the next barrier."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[Callable, tuple, bool]] = []
+        self._errors: list[BaseException] = []
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._outstanding = 0
-        self._idle = threading.Condition()
+        self._worker = Worker("ltc-step-closures")
+        self._last: cf.Future | None = None
+        arena.on_exit(self.drain, self._worker.stop)
 
     def add(self, fn: Callable, args: tuple, run_async: bool) -> None:
         with self._lock:
             self._pending.append((fn, args, run_async))
 
-    def after_step(self, ctxs: list, futures: list[Future]) -> None:
+    def after_step(self, executions: list[Execution]) -> list[tuple[Callable, tuple]]:
+        """Queue this step's asynchronous closures; return its synchronous ones."""
         with self._lock:
             todo, self._pending = self._pending, []
-        self.check()
-        if not todo:
-            return
-        sync_ones = [(fn, a) for fn, a, r in todo if not r]
         async_ones = [(fn, a) for fn, a, r in todo if r]
         if async_ones:
-            self._start()
-            with self._idle:
-                self._outstanding += 1
-            self._queue.put((list(futures), async_ones))
-        if sync_ones:
-            for f in futures:
-                f.wait()
-            for fn, a in sync_ones:
+            self._last = self._worker.submit(lambda: self._run(executions, async_ones), cf.Future())
+        return [(fn, a) for fn, a, r in todo if not r]
+
+    def _run(self, executions: list[Execution], closures: list[tuple[Callable, tuple]]) -> None:
+        wait_all(executions)
+        for fn, a in closures:
+            try:
                 fn(*a)
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="ltc-step-closures", daemon=True)
-            self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            futures, items = self._queue.get()
-            for f in futures:
-                f.wait()
-            for fn, a in items:
-                try:
-                    fn(*a)
-                except BaseException as e:  # noqa: BLE001 - re-raised at the next barrier
-                    if self._error is None:
-                        self._error = e
-            with self._idle:
-                self._outstanding -= 1
-                self._idle.notify_all()
+            except BaseException as e:  # noqa: BLE001 - re-raised at the next barrier
+                with self._lock:
+                    self._errors.append(strip_frames(e))
 
     def drain(self) -> None:
-        with self._idle:
-            self._idle.wait_for(lambda: self._outstanding == 0)
+        """Block until every queued asynchronous closure has run."""
+        f = self._last
+        if f is not None:
+            cf.wait([f])
+
+    async def drain_async(self) -> None:
+        f = self._last
+        if f is not None:
+            await wait_async([f])
 
     def check(self) -> None:
-        err, self._error = self._error, None
-        if err is not None:
-            raise RuntimeError(f"an asynchronous step closure failed: {type(err).__name__}: {err}") from err
+        """Re-raise (once) the errors of asynchronous closures that finished so far."""
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            err = errors[0]
+            raise RuntimeError(f"an asynchronous step closure failed: {type(err).__name__}: "
+                               f"{err}{more}") from err
 
 
 _closures = _StepClosures()

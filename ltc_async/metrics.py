@@ -30,6 +30,13 @@ def counter(name: str, n: int = 1) -> None:
     _counters[name] = _counters.get(name, 0) + n
 
 
+def counter_exact(name: str, n: int = 1) -> None:
+    """`counter` under a lock, for counters that several threads update (compile counters:
+    the caller counts a cache miss, the compiler thread may turn it into a program reuse)."""
+    with _metrics_lock:
+        _counters[name] = _counters.get(name, 0) + n
+
+
 def add_sample(name: str, value: float) -> None:
     with _metrics_lock:
         m = _metrics.get(name)

@@ -207,7 +207,7 @@ def _count(cls: type) -> int:
 
 def test_long_loop_has_bounded_memory():
     from ltc_async.executor import graph_executor as gx
-    from ltc_async.executor.futures import BackendData, Future
+    from ltc_async.executor.futures import BackendData, Execution
     from ltc_async.ir.node import Node
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4).to("ltc:0")
@@ -223,9 +223,9 @@ def test_long_loop_has_bounded_memory():
             ltc.mark_step()
         ltc.wait_device_ops()
     run(50)
-    base = (_count(Node), _count(BackendData), _count(Future), len(gx.cache), ctx.live_count())
+    base = (_count(Node), _count(BackendData), _count(Execution), len(gx.cache), ctx.live_count())
     run(2000)
-    after = (_count(Node), _count(BackendData), _count(Future), len(gx.cache), ctx.live_count())
+    after = (_count(Node), _count(BackendData), _count(Execution), len(gx.cache), ctx.live_count())
     assert after == base, f"(nodes, data, futures, cache, live) grew from {base} to {after}"
     assert all(torch.isfinite(p.cpu()).all() for p in model.parameters())
 

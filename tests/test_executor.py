@@ -252,7 +252,8 @@ def test_compile_failure_falls_back_to_the_interpreter(metrics, monkeypatch):
     x = torch.randn(3, 5)
     y = torch.tanh(x.to("ltc:0")).sum(1) * 7.0   # a shape no earlier test compiled
     with pytest.warns(UserWarning, match="lowering exploded"):
-        ltc.mark_step()
+        ltc.mark_step()            # returns at once: the compiler thread warns
+        ltc.wait_device_ops()
     assert metrics.counter_value("CompileFallback") == 1
     assert_eager(y, torch.tanh(x).sum(1) * 7.0)
 

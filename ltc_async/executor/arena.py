@@ -47,9 +47,8 @@ def init(devices: list[str] | None = None, backend: str | None = None) -> list[t
         n_cpu = sum(1 for d in parsed if d.type == "cpu")
         threads = config.cpu_threads or max(1, torch.get_num_threads() // max(1, n_cpu))
         _backend = be
-        _contexts = [DeviceContext(i, be, d, threads) for i, d in enumerate(parsed)]
-        for c in _contexts:
-            c.inflight = threading.BoundedSemaphore(max(1, config.max_inflight))
+        _contexts = [DeviceContext(i, be, d, threads, config.max_inflight)
+                     for i, d in enumerate(parsed)]
         return [c.device for c in _contexts]
 
 
@@ -94,14 +93,38 @@ def backend() -> Backend:
     return _backend
 
 
+_exit_hooks: list = []   # (name, drain, stop) of other workers to finish at exit (step closures)
+
+
+def on_exit(drain, stop) -> None:
+    """Register another worker (step closures) with the exit sequence below."""
+    _exit_hooks.append((drain, stop))
+
+
 def _shutdown() -> None:
-    """PrepareToExit: let queued work finish (bounded), then stop the workers."""
+    """PrepareToExit.  Queued work completes: every device queue (and the compiler and closure
+    workers it depends on) is drained with no time limit, then every worker thread is joined,
+    so no thread is inside a kernel while the interpreter finalizes (which would abort the
+    process).  Ctrl-C while draining cancels what has not started yet, waits for what is
+    running (a kernel cannot be interrupted) and exits cleanly."""
     if _contexts is None:
         return
+    from .compiler import worker as compile_worker
+    try:
+        for c in _contexts:
+            c.wait()
+        for drain, _stop in _exit_hooks:
+            drain()
+    except KeyboardInterrupt:
+        import sys
+        print("ltc_async: interrupted at exit; cancelling queued work", file=sys.stderr)
+        for c in _contexts:
+            c.worker.stop(timeout=0, cancel_queued=True)
     for c in _contexts:
-        c.wait(timeout=10.0)
-    for c in _contexts:
-        c.worker.stop(timeout=1.0)
+        c.worker.stop()
+    for _drain, stop in _exit_hooks:
+        stop()
+    compile_worker.stop()
 
 
 atexit.register(_shutdown)

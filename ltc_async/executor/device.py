@@ -1,26 +1,42 @@
-"""Per-device state (LTC's `DeviceContextArena` + `DeviceLocker`) and the device workers.
+"""Per-device state (LTC's `DeviceContextArena` + `DeviceLocker`): one `DeviceContext` per lazy
+device, the single mechanism behind the blocking API, the trio API, transfers, `DataParallel`
+and `DeviceLoader`.
 
 Design note.  Every lazy device `ltc:N` owns:
 
-* a **worker**: one daemon thread draining a FIFO of closures.  Executions are queued in the
-  order their graphs were cut, so a graph that consumes another graph's placeholder outputs on
-  the same device runs after it without any host wait;
-* a **locker** (`lock`): held while a graph is cut and queued, so concurrent `mark_step`s on one
-  device enqueue whole graphs atomically and in a well-defined order.  Operations spanning
-  several devices take the lockers in device-index order (`lock_devices`), whatever order the
-  caller named them in, so they cannot deadlock;
-* the **live tensor registry**: tensors with pending IR, in creation order (what `mark_step`
-  syncs);
-* the **RNG state**: a seed from `torch.manual_seed` and a counter, from which every random op
-  draws its own seed at trace time;
-* the **pending error**: the first exception raised by an execution, re-raised once by the next
-  barrier (`wait_device_ops`, a sync touching the device), then cleared.
+* a **queue**: a `Worker` thread running `Execution`s (graph executions, transfers) in FIFO
+  order.  Each execution gets the next sequence number `seq`; FIFO means executions complete
+  in `seq` order, so waiting for the newest one waits for everything queued before it, and a
+  graph consuming another graph's placeholder outputs on the same device needs no host wait;
+* the **in-flight bound**: at most `max_inflight` executions queued or running.  A slot is
+  taken *before* the device lock (`acquire_slot`, or `try_acquire_slot` + awaiting `oldest()`
+  from trio) and given back by the worker when the execution ends, so a full queue waits for
+  its oldest execution, never for the whole queue;
+* the **pending errors**: every failed execution leaves one `ExecutionError` tagged with its
+  `seq`.  A barrier raises those it covers (see `raise_errors`), each exactly once;
+* the **live tensor registry** (tensors with pending IR, in creation order) and the **RNG
+  state** (seed and draw counter: every random op draws its own seed at trace time).
+
+Locking rules (the argument that nothing deadlocks):
+
+1. `lock` (an RLock, LTC's DeviceLocker) guards cutting graphs and every rebinding of a lazy
+   tensor's value (`rebind`, the executor's cut): one writer, so a concurrent `mark_step`
+   never loses an update or unregisters a tensor that holds pending IR.  Several devices'
+   locks are always taken in index order (`lock_devices`).
+2. Nothing blocks while holding a device lock: in-flight slots are acquired before it, and
+   compilation happens on the compiler thread (`executor/compiler.py`), never under it.
+3. Workers (device queues, the compiler, step closures, loaders) never take a device lock.
+   They only wait for futures of work queued *before* theirs (an input from another device,
+   a compile), which never waits for them, so every wait chain ends.
+4. `_qlock`, `_error_lock` and `_rng_lock` are leaves: held for a few assignments, nothing is
+   acquired or awaited under them.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
-import queue
+import os
 import sys
 import threading
 import weakref
@@ -28,9 +44,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .futures import Future
+from .futures import ComputationError, Execution, ExecutionError, Worker, wait_async
 
 _MASK64 = (1 << 64) - 1
+_MAX_PENDING_ERRORS = 64   # per device, until a barrier reports them
 
 
 def _mix64(x: int) -> int:
@@ -41,73 +58,39 @@ def _mix64(x: int) -> int:
     return (x ^ (x >> 31)) & ((1 << 63) - 1)
 
 
-class ExecutionError(RuntimeError):
-    """An asynchronous execution on a lazy device failed (the original exception is chained)."""
-
-
-class DeviceWorker:
-    """One daemon thread running closures in FIFO order."""
-
-    _STOP = object()
-
-    def __init__(self, name: str, init: Callable[[], None]) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._init = init
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._started = False
-        self._start_lock = threading.Lock()
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        if not self._started:
-            with self._start_lock:
-                if not self._started:
-                    self._thread.start()
-                    self._started = True
-        self._queue.put(fn)
-
-    def _run(self) -> None:
-        self._init()
-        while True:
-            fn = self._queue.get()
-            if fn is self._STOP:
-                return
-            fn()  # closures capture their own errors (see GraphExecutor._run)
-
-    def stop(self, timeout: float | None) -> None:
-        if self._started:
-            self._queue.put(self._STOP)
-            self._thread.join(timeout)
-
-    @property
-    def on_worker(self) -> bool:
-        return threading.current_thread() is self._thread
-
-
 class DeviceContext:
     """Everything ltc_async keeps per lazy device (see the module docstring)."""
 
-    def __init__(self, index: int, backend: Any, backend_device: torch.device, threads: int) -> None:
+    def __init__(self, index: int, backend: Any, backend_device: torch.device, threads: int,
+                 max_inflight: int = 4) -> None:
         self.index = index
         self.device = torch.device("ltc", index)
         self.backend = backend
         self.backend_device = backend_device
         self.lock = threading.RLock()  # re-entrant: a barrier may hold it around a sync
-        self.worker = DeviceWorker(f"ltc:{index}-worker",
-                                   lambda: backend.worker_init(backend_device, threads))
+        self.worker = Worker(f"ltc:{index}-worker",
+                             lambda: backend.worker_init(backend_device, threads))
         self._live: dict[int, weakref.ref] = {}
         self._ids = itertools.count()
         self.seed = torch.initial_seed()
         self._rng_counter = 0
         self._rng_lock = threading.Lock()
-        self._error: BaseException | None = None
+        # queue state, guarded by _qlock
+        self._qlock = threading.Lock()
+        self._seq = 0                   # seq of the newest queued execution
+        self._done_seq = 0              # seq of the newest finished one
+        self._inflight: collections.deque[Execution] = collections.deque()
+        self._last: Execution | None = None
+        self.max_inflight = max(1, max_inflight)
+        self._slots = threading.Semaphore(self.max_inflight)
+        self._errors: list[ExecutionError] = []
+        self._dropped = 0
         self._error_lock = threading.Lock()
-        self.last: Future | None = None       # the most recently queued execution
-        self.inflight = threading.BoundedSemaphore(1 << 30)  # replaced by the arena
 
     def __repr__(self) -> str:
         return f"ltc:{self.index}"
 
-    # -- live tensors -------------------------------------------------------------------
+    # -- live tensors ---------------------------------------------------------------------
     def register(self, t: Any) -> None:
         k = next(self._ids)
         t._id = k
@@ -140,7 +123,7 @@ class DeviceContext:
     def live_count(self) -> int:
         return len(self._live)
 
-    # -- RNG --------------------------------------------------------------------------
+    # -- RNG ------------------------------------------------------------------------------
     def manual_seed(self, seed: int) -> None:
         self.set_rng_state(int(seed), 0)
 
@@ -159,39 +142,142 @@ class DeviceContext:
         with self._rng_lock:
             self.seed, self._rng_counter = seed, counter
 
-    # -- errors -----------------------------------------------------------------------
-    def record_error(self, error: BaseException) -> None:
-        with self._error_lock:
-            if self._error is None:
-                self._error = error
+    # -- the queue ------------------------------------------------------------------------
+    def try_acquire_slot(self) -> bool:
+        return self._slots.acquire(blocking=False)
 
-    def take_error(self) -> BaseException | None:
-        with self._error_lock:
-            err, self._error = self._error, None
-            return err
+    def acquire_slot(self) -> None:
+        """Block until fewer than `max_inflight` executions are queued (never call this while
+        holding a device lock)."""
+        self._slots.acquire()
 
-    def discard_error(self, error: BaseException) -> None:
-        """Forget `error` if it is the pending one (it was just raised some other way)."""
-        with self._error_lock:
-            if self._error is error or (self._error is not None and self._error.__cause__ is error):
-                self._error = None
+    def release_slot(self) -> None:
+        self._slots.release()
 
-    def check_error(self) -> None:
-        """Re-raise (once) the first error an execution on this device raised."""
-        err = self.take_error()
-        if err is not None:
-            raise err
+    def oldest(self) -> Execution | None:
+        """The oldest execution still queued or running (what a full queue waits for)."""
+        with self._qlock:
+            return self._inflight[0] if self._inflight else None
+
+    @property
+    def last(self) -> Execution | None:
+        """The newest queued execution (done when everything queued so far is done)."""
+        return self._last
+
+    @property
+    def done_seq(self) -> int:
+        return self._done_seq
+
+    def submit(self, fn: Callable[[Execution], Any], label: str, slot: bool) -> Execution:
+        """Queue `fn(execution)` (its return value is the execution's list of outputs).  With
+        `slot`, the caller holds an in-flight slot, which the worker gives back when the work
+        ends."""
+        with self._qlock:
+            self._seq += 1
+            ex = Execution(label, self, self._seq)
+            self._inflight.append(ex)
+            self._last = ex
+        return self.worker.submit(lambda: self._run(fn, ex, slot), ex)
+
+    def _run(self, fn: Callable[[Execution], Any], ex: Execution, slot: bool) -> Any:
+        """Worker side: the error is recorded and the slot freed *before* the future completes,
+        so whoever wakes up on it sees both."""
+        try:
+            return fn(ex)
+        except BaseException as e:  # noqa: BLE001 - recorded, then re-raised into the future
+            self._record_error(ex, e)
+            raise
+        finally:
+            with self._qlock:
+                if self._inflight and self._inflight[0] is ex:
+                    self._inflight.popleft()
+                else:
+                    self._inflight.remove(ex)
+                self._done_seq = ex.seq
+            if slot:
+                self._slots.release()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until everything queued so far has run (errors are not raised here)."""
-        f = self.last
-        if f is None:
-            return True
-        if not f.wait(timeout):
-            return False
-        if f.marker is not None:  # kernels launched asynchronously (CUDA): wait for them too
-            self.backend.wait_marker(f.marker)
-        return True
+        """Block until everything queued so far has run, kernels included (errors are not
+        raised here); False on timeout."""
+        f = self._last
+        return True if f is None else f.wait(timeout)
+
+    async def wait_async(self) -> None:
+        """`wait` for trio: never blocks the event loop; cancellable."""
+        f = self._last
+        if f is not None:
+            await wait_async([f])
+
+    # -- errors ---------------------------------------------------------------------------
+    def _record_error(self, ex: Execution, error: BaseException) -> None:
+        upstream = None
+        if isinstance(error, ComputationError) and getattr(error, "upstream", None):
+            upstream = error.upstream
+            text = (f"execution on {self.device} of the graph scheduled at {ex.label} did not "
+                    f"run: its input from {upstream} had failed (reported separately)")
+            cause = error.__cause__
+        else:
+            text = (f"execution on {self.device} of the graph scheduled at {ex.label} failed: "
+                    f"{type(error).__name__}: {error}")
+            cause = error
+        err = ExecutionError(text)
+        err.__cause__ = cause
+        err.upstream = upstream
+        err.seq = ex.seq
+        err.errors = [err]
+        with self._error_lock:
+            self._errors.append(err)
+            if len(self._errors) > _MAX_PENDING_ERRORS:  # nobody is looking: keep memory flat
+                self._dropped += 1
+                del self._errors[0]
+
+    def take_errors(self, upto: int | None = None) -> tuple[list[ExecutionError], int]:
+        """Remove and return the pending errors of executions with `seq <= upto` (all: None),
+        and how many older ones were dropped unreported (more than `_MAX_PENDING_ERRORS`)."""
+        with self._error_lock:
+            if not self._errors:
+                return [], 0
+            if upto is None:
+                taken, self._errors = self._errors, []
+            else:
+                taken = [e for e in self._errors if e.seq <= upto]
+                self._errors = [e for e in self._errors if e.seq > upto]
+            dropped, self._dropped = (self._dropped, 0) if taken else (0, self._dropped)
+            return taken, dropped
+
+    def discard_error(self, seq: int) -> None:
+        """Forget the pending error of execution `seq`: a read just reported it."""
+        with self._error_lock:
+            self._errors = [e for e in self._errors if e.seq != seq]
+
+    def has_errors(self) -> bool:
+        return bool(self._errors)
+
+
+def raise_errors(covered: Sequence[tuple[DeviceContext, int | None]]) -> None:
+    """Raise (once) the pending errors a barrier covers: for each `(ctx, upto)`, the failed
+    executions on `ctx` with `seq <= upto` (all when None).  Several become one
+    `ExecutionError` listing them all in `.errors`, in device and queue order."""
+    taken: list[ExecutionError] = []
+    dropped = 0
+    for ctx, upto in covered:
+        errors, n = ctx.take_errors(upto)
+        taken.extend(errors)
+        dropped += n
+    if not taken:
+        return
+    if len(taken) == 1 and not dropped:
+        raise taken[0]
+    first = taken[0]
+    more = "\n".join(f"  - {e}" for e in taken[1:])
+    lost = f"\n(and {dropped} earlier failures not kept: no barrier ran)" if dropped else ""
+    err = ExecutionError(f"{len(taken) + dropped} executions failed; the first: {first}\n"
+                         f"and {len(taken) - 1} more:\n{more}{lost}")
+    err.__cause__ = first.__cause__
+    err.upstream = first.upstream
+    err.errors = taken
+    raise err
 
 
 @contextlib.contextmanager
@@ -204,23 +290,14 @@ def lock_devices(ctxs: Sequence[DeviceContext]) -> Iterator[None]:
         yield
 
 
-_SKIP_PREFIXES: tuple[str, ...] = ()
-
-
-def _skip_prefixes() -> tuple[str, ...]:
-    global _SKIP_PREFIXES
-    if not _SKIP_PREFIXES:
-        import os
-        import ltc_async
-        here = os.path.dirname(os.path.abspath(ltc_async.__file__))
-        devs = os.path.join(os.path.dirname(here), "devices")
-        _SKIP_PREFIXES = (here, devs, os.path.dirname(torch.__file__), "<frozen")
-    return _SKIP_PREFIXES
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../ltc_async
+_SKIP_PREFIXES = (_HERE, os.path.join(os.path.dirname(_HERE), "devices"),
+                  os.path.dirname(torch.__file__), "<frozen")
 
 
 def caller_location() -> str:
     """`file:line (function)` of the innermost frame outside ltc_async, its backends and torch."""
-    skip = _skip_prefixes()
+    skip = _SKIP_PREFIXES
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename

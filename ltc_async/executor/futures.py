@@ -1,101 +1,171 @@
-"""Outcomes handed from device workers to waiters: `Future`, `BackendData`, `MultiWait`.
+"""Outcomes handed from worker threads to waiters: `Execution`, `BackendData`, `Worker`.
 
-Worker threads never touch waiter state: they complete a `Future` (value or exception) and run
-its callbacks, which is how the trio bridge wakes an event loop through its token without
-parking a thread per await (see `ltc_async/aio.py`).
+Design note.  Every piece of queued work (a graph execution, a cross-device transfer, a compile,
+a batch the `DeviceLoader` prepared, a step closure) is a `concurrent.futures.Future`; device
+work is the subclass `Execution`, which also knows its device, its place in the device queue
+(`seq`), where it was scheduled (`label`) and, for backends whose kernels run asynchronously
+(CUDA), a completion `marker`.
+
+Waiting comes in two flavours over the same futures:
+
+* threads block in `wait_all` (`concurrent.futures.wait`, then the markers);
+* trio tasks `await wait_async(...)`: a done-callback calls `trio_token.run_sync_soon`, which
+  wakes the task through the event loop's token.  No thread is parked per await, nothing polls,
+  and a cancel scope aborts the await at once (the work itself goes on).
+
+A `Worker` is one daemon thread running closures in FIFO order.  Nothing a closure or a
+done-callback raises can kill it: closures report through their future, callbacks are guarded
+by `concurrent.futures` (and by the worker loop as a last resort).
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
+import logging
+import queue
 import threading
-from typing import Any, Callable
+import traceback
+from typing import Any, Callable, Iterable
 
 from ..ir.node import TensorMeta
+
+_log = logging.getLogger("ltc_async")
 
 
 class ComputationError(RuntimeError):
     """Reading a tensor whose computation failed (the original exception is chained)."""
 
 
-class Future:
-    """Result of one scheduled device execution: a list of output values, or an exception."""
+class ExecutionError(RuntimeError):
+    """An asynchronous execution on a lazy device failed (the original exception is chained).
 
-    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "label", "device", "marker")
+    One `ExecutionError` is raised per barrier; when several executions failed before it, their
+    individual errors are listed in `.errors` (each failed execution is reported exactly once).
+    `.upstream` is set when the execution failed only because one of its inputs (produced by
+    another execution, whose own failure is reported separately) had failed.
+    """
 
-    def __init__(self, label: str = "", device: Any = None) -> None:
-        self._event = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._callbacks: list[Callable[["Future"], None]] | None = []
-        self._lock = threading.Lock()
-        self.label = label      # where the work came from (for error messages)
-        self.device = device    # the DeviceContext that runs it
+    errors: list["ExecutionError"]
+    upstream: str | None = None
+
+
+class Execution(cf.Future):
+    """One piece of work queued on a device: its outputs (a list of values), or the error."""
+
+    def __init__(self, label: str, ctx: Any = None, seq: int = 0) -> None:
+        super().__init__()
+        self.label = label      # where the work was scheduled (user file:line), for messages
+        self.ctx = ctx          # the DeviceContext that runs it
+        self.seq = seq          # position in the device queue (FIFO: completes in seq order)
         self.marker: Any = None  # backend completion marker (a CUDA event), see Backend
 
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def _complete(self, result: Any, error: BaseException | None) -> None:
-        with self._lock:
-            if self._callbacks is None:
-                raise RuntimeError("future completed twice")
-            self._result, self._error = result, error
-            callbacks, self._callbacks = self._callbacks, None
-            self._event.set()
-        for cb in callbacks:
-            cb(self)
-
-    def set_result(self, result: Any) -> None:
-        self._complete(result, None)
-
-    def set_error(self, error: BaseException) -> None:
-        self._complete(None, error)
-
-    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
-        """Call `fn(self)` on completion (at once, here, if already complete)."""
-        with self._lock:
-            if self._callbacks is not None:
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until complete; False if `timeout` expired first.  Never raises the error."""
-        return self._event.wait(timeout)
+    @property
+    def device(self) -> Any:   # kept for messages and older callers
+        return self.ctx
 
     @property
     def error(self) -> BaseException | None:
-        return self._error
+        """The failure, once done (None while pending or when it succeeded)."""
+        return self.exception(timeout=0) if self.done() and not self.cancelled() else None
 
-    def result(self) -> Any:
-        self._event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the work *and its kernels* finished; False on timeout.  Never raises
+        the work's error."""
+        done, _ = cf.wait([self], timeout)
+        if not done:
+            return False
+        if self.marker is not None:
+            self.ctx.backend.wait_marker(self.marker)
+        return True
+
+
+def wait_all(futures: Iterable[cf.Future], timeout: float | None = None) -> bool:
+    """Block until all `futures` (and their completion markers) are done."""
+    futures = list(futures)
+    done, pending = cf.wait(futures, timeout)
+    if pending:
+        return False
+    for f in futures:
+        marker = getattr(f, "marker", None)
+        if marker is not None:
+            f.ctx.backend.wait_marker(marker)
+    return True
+
+
+async def wait_async(futures: Iterable[cf.Future]) -> None:
+    """Sleep without blocking the trio event loop until all `futures` (and their markers) are
+    done.  Never raises their errors.  Cancellation returns at once; the work goes on."""
+    import trio
+    for f in futures:
+        if not f.done():
+            await _wait_one(f)
+        marker = getattr(f, "marker", None)
+        if marker is not None:  # kernels still running on a GPU: the event blocks, so a thread
+            await trio.to_thread.run_sync(f.ctx.backend.wait_marker, marker, abandon_on_cancel=True)
+    await trio.lowlevel.checkpoint()
+
+
+async def _wait_one(f: cf.Future) -> None:
+    import trio
+    token = trio.lowlevel.current_trio_token()
+    task = trio.lowlevel.current_task()
+    state = {"waiting": True}
+
+    def wake() -> None:  # runs on the event loop thread
+        if state["waiting"]:
+            state["waiting"] = False
+            trio.lowlevel.reschedule(task)
+
+    def on_done(_f: cf.Future) -> None:  # runs on whatever thread completed `f`
+        try:
+            token.run_sync_soon(wake)
+        except trio.RunFinishedError:
+            pass
+
+    def abort(_raise_cancel: Any) -> Any:
+        state["waiting"] = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    f.add_done_callback(on_done)
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def strip_frames(error: BaseException) -> BaseException:
+    """Drop the local variables of the finished frames in `error`'s traceback (and its causes):
+    a captured error must not keep a failed step's tensors alive until someone reads it."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
+    return error
 
 
 class BackendData:
     """A handle to one tensor's data on a backend device.
 
     Either holds the value already (uploads, eager fallbacks) or is a placeholder for output
-    `index` of an execution `Future` (what `mark_step` hands out before the device has run).
+    `index` of an `Execution` (what `mark_step` hands out before the device has run).
     """
 
-    __slots__ = ("device", "meta", "_value", "_future", "_index", "__weakref__")
+    __slots__ = ("device", "meta", "seq", "_value", "_future", "_index", "__weakref__")
 
     def __init__(self, device: Any, meta: TensorMeta, value: Any = None,
-                 future: Future | None = None, index: int = 0) -> None:
+                 future: Execution | None = None, index: int = 0) -> None:
         self.device = device
         self.meta = meta
+        self.seq = future.seq if future is not None else 0  # producer's place in its queue
         self._value = value
         self._future = future
         self._index = index
 
     @property
-    def future(self) -> Future | None:
+    def future(self) -> Execution | None:
         """The pending execution producing this data (None once known to be available)."""
         f = self._future
-        if f is not None and f.done() and f.error is None:
-            self._value = f._result[self._index]
+        if f is not None and f.done() and f.marker is None and f.error is None:
+            self._value = f.result()[self._index]
             self._future = None
             return None
         return f
@@ -113,51 +183,105 @@ class BackendData:
         if f is None:
             return self._value
         f.wait()
-        if f.error is not None:
-            raise ComputationError(
-                f"the computation producing this tensor failed on {self.device} "
-                f"(graph scheduled at {f.label}): {type(f.error).__name__}: {f.error}"
-            ) from f.error
-        self._value = f._result[self._index]
+        error = f.error
+        if error is not None:
+            raise failed_input_error(f, error)
+        self._value = f.result()[self._index]
         self._future = None
         return self._value
 
 
-class MultiWait:
-    """Wait for `count` completions; the first error wins, the others still complete.
+def failed_input_error(f: Execution, error: BaseException) -> ComputationError:
+    """The error for reading (or consuming) a value that execution `f` failed to produce.
 
-    LTC's `MultiWait`: used wherever several closures run at once (uploads, downloads, syncs of
-    several devices), so a waiter sees every closure finished before it sees an error.
-    """
+    Its cause is always the *root* failure and its text names only that root and `f`, so a
+    chain of steps failing one after another (parameters whose update failed) neither grows
+    the messages nor keeps earlier steps alive."""
+    root_text = getattr(error, "root_text", None)
+    if isinstance(error, ComputationError) and root_text is not None:
+        root = error.__cause__
+        text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
+                f"{f.label}) did not run because an input had failed: {root_text}")
+    else:
+        root = error
+        root_text = (f"failed on {f.ctx} (graph scheduled at {f.label}): "
+                     f"{type(error).__name__}: {error}")
+        text = "the computation producing this tensor " + root_text
+    err = ComputationError(text)
+    err.__cause__ = root
+    err.root_text = root_text
+    return err
 
-    def __init__(self, count: int) -> None:
-        self._count = count
-        self._error: BaseException | None = None
-        self._cond = threading.Condition()
 
-    def done(self, error: BaseException | None = None) -> None:
-        with self._cond:
-            if error is not None and self._error is None:
-                self._error = error
-            self._count -= 1
-            if self._count <= 0:
-                self._cond.notify_all()
+class Worker:
+    """One daemon thread running closures in FIFO order (see the module docstring)."""
 
-    def completer(self, fn: Callable[..., Any], *args: Any) -> Callable[[], None]:
-        """Wrap `fn(*args)` so that it reports its outcome here when run."""
-        def run() -> None:
+    def __init__(self, name: str, init: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._init = init
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._stopping = False
+
+    def submit(self, fn: Callable[[], Any], future: cf.Future) -> cf.Future:
+        """Queue `fn`; its return value or exception completes `future` (returned)."""
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    t = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    t.start()
+                    self._thread = t
+        self._queue.put((fn, future))
+        return future
+
+    def _run(self) -> None:
+        if self._init is not None:
             try:
-                fn(*args)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                self.done(e)
+                self._init()
+            except BaseException:  # noqa: BLE001 - a bad init must not stop the queue
+                _log.exception("ltc_async: worker %s failed to initialize", self.name)
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, future = item
+            if self._stopping:
+                future.cancel()  # shutdown after Ctrl-C: waiters see it cancelled, never hang
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - reported through the future
+                outcome: tuple[Any, BaseException | None] = (None, e)
             else:
-                self.done()
-        return run
+                outcome = (result, None)
+            del fn, item
+            self._complete(future, *outcome)
+            del future, outcome
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until all completed, then raise the first error if there was one."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._count <= 0, timeout):
-                raise TimeoutError(f"MultiWait: {self._count} completions still missing")
-            if self._error is not None:
-                raise self._error
+    @staticmethod
+    def _complete(future: cf.Future, result: Any, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(strip_frames(error))
+        except BaseException:  # noqa: BLE001 - last resort: the worker must survive anything
+            _log.exception("ltc_async: completing a future failed")
+
+    def stop(self, timeout: float | None = None, cancel_queued: bool = False) -> bool:
+        """Finish (or, with `cancel_queued`, skip) what is queued, then end the thread.
+        Returns False if the thread is still running after `timeout`."""
+        t = self._thread
+        if t is None:
+            return True
+        if cancel_queued:
+            self._stopping = True
+        self._queue.put(None)
+        t.join(timeout)
+        return not t.is_alive()
+
+    @property
+    def on_worker(self) -> bool:
+        return threading.current_thread() is self._thread

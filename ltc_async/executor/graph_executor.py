@@ -1,71 +1,43 @@
-"""Cutting, keying, compiling and scheduling graphs (LTC's `LazyGraphExecutor`).
+"""Cutting, keying and scheduling graphs (LTC's `LazyGraphExecutor`).
 
-Design note.  `sync_tensors(ctx, tensors)` is `SyncTensorsGraph` + `ScheduleSyncTensorsGraph`:
+Design note.  Scheduling `tensors` on a set of devices (`mark_step`, `sync`, a read) is:
 
-1. under the device's locker, take the tensors that still hold pending IR, dedupe their
-   (node, output) values and walk the graph in post-order;
-2. build the graph key: for every node its local key (op + template, or shape/dtype for device
-   data) and the post-order positions of its operands.  This identifies the graph *exactly*
-   (equal keys, equal programs), which a DAG hash alone does not when the same data feeds
-   several places; the LRU `ComputationCache` is looked up with it and a miss compiles once
-   (`UncachedCompile`, `CompileTime`);
-3. hand every synced tensor a placeholder `BackendData` (output i of a new `Future`) and swap its
-   IR for a DEVICE_DATA node, so the next trace can consume the result before it exists;
-4. queue the execution on the device worker and return.  The worker resolves inputs (waiting
-   only for other devices' data: its own queue already ran everything before it), runs the
-   computation, and completes the future with the outputs or the error.
+1. **reserve** an in-flight slot on every device that has pending IR to run, with no lock held
+   (a full queue waits for its oldest execution: blocking in `schedule`, awaiting in
+   `schedule_async`; both share `_try_schedule`, which never blocks);
+2. under the devices' lockers (index order: LTC's `TensorCollectionBarrier`), per device: take
+   the tensors that still hold pending IR, dedupe their (node, output) values and walk the
+   graph in post-order; build the exact graph key (every node's local key and the post-order
+   positions of its operands: equal keys, equal programs, which a DAG hash alone does not
+   guarantee when the same data feeds several places); look the key up in the compile cache
+   (a miss queues the compile on the compiler thread, see `compiler.py`); give every synced
+   tensor a placeholder `BackendData` (output i of a new `Execution`) and rebind it to a
+   DEVICE_DATA node, so the next trace can consume the result before it exists; queue the
+   execution on the device and return.  Nothing here waits for a compile or for a device;
+3. the device worker waits for the compile (in queue order), resolves inputs (waiting only for
+   other devices' data: its own queue already ran everything before it), runs the program and
+   completes the execution with the outputs or the error.
+
+Errors.  Each failed execution is reported exactly once, by the first barrier that covers it,
+and what a barrier covers depends only on program order: `wait_device_ops` covers everything
+queued on its devices before it; a read or sync covers, per device, the executions queued up to
+the newest producer of a tensor it reads (a read of a tensor whose own computation failed
+raises `ComputationError` and so reports that execution).  `mark_step` only schedules.  An
+execution whose input had failed fails too and says so (`ExecutionError.upstream`).
 """
 from __future__ import annotations
 
-import collections
-import threading
 import time
-import warnings
 from typing import Any, Sequence
-
-import torch
 
 from .. import metrics
 from .._config import config
-from ..backend import Computation
-from .interpreter import Interpreter
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
-from .device import DeviceContext, ExecutionError, caller_location, lock_devices
-from .futures import BackendData, ComputationError, Future, MultiWait
-
-
-class ComputationCache:
-    """LRU map graph key -> compiled `Computation` (LTC's `ComputationCache`)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._d: collections.OrderedDict[Any, Computation] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Computation | None:
-        with self._lock:
-            c = self._d.get(key)
-            if c is not None:
-                self._d.move_to_end(key)
-            return c
-
-    def put(self, key: Any, comp: Computation) -> None:
-        with self._lock:
-            self._d[key] = comp
-            self._d.move_to_end(key)
-            while len(self._d) > self.capacity:
-                self._d.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-
-
-cache = ComputationCache(config.compile_cache_size)
+from . import compiler
+from .compiler import ComputationCache, cache  # noqa: F401 - re-exported for callers/tests
+from .device import DeviceContext, caller_location, lock_devices, raise_errors
+from .futures import BackendData, ComputationError, Execution, failed_input_error, wait_all
 
 
 class GraphPlan:
@@ -91,6 +63,16 @@ class GraphPlan:
         self.key = (tuple(parts), tuple([(pos[id(n)], i) for n, i in roots]))
         self.inputs = inputs
 
+    def input_shapes(self) -> str:
+        """The distinct shapes of the device-data inputs ("64x64,64"), for per-shape compile
+        counts: a loop whose last batch is smaller shows two entries, each compiled once."""
+        seen: dict[tuple, None] = {}
+        for n in self.order:
+            if n.op is DEVICE_DATA:
+                seen.setdefault(n.outputs[0].shape, None)
+        text = ",".join("x".join(map(str, s)) or "scalar" for s in seen)
+        return text if len(text) <= 160 else text[:157] + "..."
+
 
 def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any], list[int]]:
     """Unique pending (node, output) values of `tensors`, and which root each tensor maps to."""
@@ -99,7 +81,7 @@ def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any]
     pending: list[Any] = []
     which: list[int] = []
     for t in tensors:
-        v = t._v  # one read: another thread may swap it for device data at any time
+        v = t._v
         node = v[0]
         if node.op is DEVICE_DATA:
             continue
@@ -113,127 +95,172 @@ def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any]
     return roots, pending, which
 
 
-def _input_shapes(plan: GraphPlan) -> str:
-    """The distinct shapes of a graph's device-data inputs ("64x64,64"), for per-shape
-    compile counts: a loop whose last batch is smaller shows two entries, each compiled once."""
-    seen: dict[tuple, None] = {}
-    for n in plan.order:
-        if n.op is DEVICE_DATA:
-            seen.setdefault(n.outputs[0].shape, None)
-    text = ",".join("x".join(map(str, s)) or "scalar" for s in seen)
-    return text if len(text) <= 160 else text[:157] + "..."
+def _has_pending(tensors: Sequence[Any]) -> bool:
+    return any(not t._v[0].is_data for t in tensors)
 
 
-def compile_plan(ctx: DeviceContext, plan: GraphPlan) -> Computation:
-    key = (str(ctx.backend_device), plan.key)
-    comp = cache.get(key)
-    if comp is not None:
-        metrics.counter("CachedCompile")
-        return comp
-    metrics.counter(metrics.COMPILE_SHAPES_PREFIX + _input_shapes(plan))
-    t0 = time.perf_counter()
+# -- scheduling ---------------------------------------------------------------------------
+
+class _Full:
+    """`_try_schedule`'s answer when device `ctx` has no free in-flight slot."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: DeviceContext) -> None:
+        self.ctx = ctx
+
+
+def _try_schedule(groups: dict[DeviceContext, Any], label: str) -> list[Execution] | _Full:
+    """Never blocks.  `groups` maps each device to the tensors to sync there (or None: all its
+    live tensors).  Reserves a slot on each device with pending work, then cuts and queues
+    under the lockers; returns the executions, or `_Full(ctx)` (nothing scheduled) when a
+    device's queue is full."""
+    ctxs = sorted(groups, key=lambda c: c.index)
+    held: list[DeviceContext] = []
+    for ctx in ctxs:
+        tensors = groups[ctx]
+        if not _has_pending(ctx.live_tensors() if tensors is None else tensors):
+            continue
+        if not ctx.try_acquire_slot():
+            for h in held:
+                h.release_slot()
+            return _Full(ctx)
+        held.append(ctx)
+    executions: list[Execution] = []
     try:
-        comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
-        # a new graph key, but the backend had this very program compiled already
-        metrics.counter("CompileReuse" if comp.reused_program else "UncachedCompile")
-    except Exception as e:  # noqa: BLE001 - the step must still run: interpret it eagerly
-        metrics.counter("UncachedCompile")
-        metrics.counter("CompileFallback")
-        warnings.warn(f"ltc_async: {ctx.backend.name} could not compile a graph "
-                      f"({type(e).__name__}: {e}); running it with the IR interpreter", stacklevel=3)
-        comp = Interpreter(plan.order, plan.roots, ctx.backend_device)
-    metrics.add_sample("CompileTime", time.perf_counter() - t0)
-    cache.put(key, comp)
-    return comp
+        with lock_devices(ctxs):
+            for ctx in ctxs:
+                tensors = groups[ctx]
+                has_slot = ctx in held
+                ex = _cut_and_queue(ctx, ctx.live_tensors() if tensors is None else tensors,
+                                    label, has_slot)
+                if ex is not None:
+                    executions.append(ex)
+                    if has_slot:
+                        held.remove(ctx)
+    finally:
+        for h in held:  # reserved, but another thread had synced the tensors meanwhile
+            h.release_slot()
+    return executions
 
 
-def sync_tensors(ctx: DeviceContext, tensors: Sequence[Any], label: str | None = None) -> Future | None:
-    """Schedule the pending IR of `tensors` (all on `ctx`) as one graph; return its future."""
-    with ctx.lock:
-        return _sync_locked(ctx, tensors, label)
+def schedule(groups: dict[DeviceContext, Any], label: str | None = None) -> list[Execution]:
+    """Cut and queue (blocking while a device's queue is full); see `_try_schedule`."""
+    label = label or caller_location()
+    while True:
+        r = _try_schedule(groups, label)
+        if type(r) is not _Full:
+            return r
+        _wait_for_slot(r.ctx)
 
 
-def sync_multi(tensors: Sequence[Any], label: str | None = None) -> list[Future]:
-    """Schedule the pending IR of tensors on any devices: one graph per device, all cut under
-    one barrier across their lockers (LTC's `TensorCollectionBarrier`), so a concurrent
-    `mark_step` sees either none or all of them scheduled."""
-    groups: dict[int, list[Any]] = {}
-    for t in tensors:
-        groups.setdefault(t._ctx.index, []).append(t)
-    if len(groups) == 1:
-        (group,) = groups.values()
-        f = sync_tensors(group[0]._ctx, group, label)
-        return [f] if f is not None else []
-    ctxs = [g[0]._ctx for g in groups.values()]
-    futures = []
-    with lock_devices(ctxs):
-        for group in groups.values():
-            f = _sync_locked(group[0]._ctx, group, label)
-            if f is not None:
-                futures.append(f)
-    return futures
+def _wait_for_slot(ctx: DeviceContext) -> None:
+    oldest = ctx.oldest()
+    if oldest is not None:
+        oldest.wait()
+    else:  # slots reserved by another thread that is about to queue: take one when free
+        ctx.acquire_slot()
+        ctx.release_slot()
 
 
-def _sync_locked(ctx: DeviceContext, tensors: Sequence[Any], label: str | None) -> Future | None:
+async def schedule_async(groups: dict[DeviceContext, Any], label: str | None = None) -> list[Execution]:
+    """`schedule` for trio: a full queue is awaited (its oldest execution), never blocked on."""
+    import trio
+
+    from .futures import wait_async
+    label = label or caller_location()
+    while True:
+        r = _try_schedule(groups, label)
+        if type(r) is not _Full:
+            return r
+        oldest = r.ctx.oldest()
+        if oldest is not None:
+            await wait_async([oldest])
+        else:
+            await trio.sleep(0.001)
+
+
+def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
+                   has_slot: bool) -> Execution | None:
+    """Under `ctx.lock`: one graph of the pending IR of `tensors`, queued on `ctx`."""
     t0 = time.perf_counter()
     roots, pending, which = _roots_of(tensors)
     if not roots:
         return None
+    # Tensors that became pending after the slot check (another thread traced into them) are
+    # queued without a slot rather than blocking under the lock: the bound is exceeded by one.
+    has_slot = has_slot or ctx.try_acquire_slot()
     if config.ir_debug:
         lint(roots)
     plan = GraphPlan(roots)
-    comp = compile_plan(ctx, plan)
-    future = Future(label or caller_location(), ctx)
-    datas = [BackendData(ctx, n.outputs[i], future=future, index=j) for j, (n, i) in enumerate(roots)]
+    program = compiler.computation_for(ctx, plan, label)
+    inputs = plan.inputs
+    ex = ctx.submit(lambda e: _execute(ctx, program, inputs, e), label, slot=has_slot)
+    datas = [BackendData(ctx, n.outputs[i], future=ex, index=j) for j, (n, i) in enumerate(roots)]
     dnodes = [make_data_node(d, d.meta) for d in datas]
     for t, r in zip(pending, which):
-        t._v = (dnodes[r], 0)
+        t._v = (dnodes[r], 0)     # we hold ctx.lock: this is `rebind`, inlined for the hot path
         ctx.unregister(t)
-    ctx.inflight.acquire()  # bounded queue: wait here if the device is far behind
-    ctx.worker.submit(lambda: _run(ctx, comp, plan.inputs, future))
-    ctx.last = future
     metrics.counter("SyncTensorsGraphCount")
     metrics.add_sample("SyncTensorsGraph", time.perf_counter() - t0)
-    return future
+    return ex
 
 
-def _run(ctx: DeviceContext, comp: Computation, inputs: list[Any], future: Future) -> None:
-    """Worker side of one execution: every outcome ends in `future`, never in the thread."""
+def _execute(ctx: DeviceContext, program: Any, inputs: list[Any], ex: Execution) -> list[Any]:
+    """Device worker: wait for the program, resolve inputs, run.  Errors propagate into `ex`
+    (recorded by `DeviceContext._run`)."""
+    comp = program.result()
+    values = [_input_value(x) if type(x) is BackendData else x for x in inputs]
+    t0 = time.perf_counter()
+    outs = comp.execute(values)
+    ex.marker = ctx.backend.completion_marker(ctx.backend_device)
+    metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
+    return outs
+
+
+def _input_value(data: BackendData) -> Any:
     try:
-        values = [x.get() if type(x) is BackendData else x for x in inputs]
-        t0 = time.perf_counter()
-        outs = comp.execute(values)
-        future.marker = ctx.backend.completion_marker(ctx.backend_device)
-        metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
-    except BaseException as e:  # noqa: BLE001 - captured for the next barrier
-        err = ExecutionError(f"execution on {ctx.device} of the graph scheduled at {future.label} "
-                             f"failed: {type(e).__name__}: {e}")
-        err.__cause__ = e
-        ctx.record_error(err)
-        ctx.inflight.release()
-        future.set_error(e)
-        return
-    ctx.inflight.release()
-    future.set_result(outs)
+        return data.get()
+    except ComputationError as e:
+        f = data._future
+        e.upstream = f"the graph scheduled at {f.label} on {f.ctx}" if f is not None else "an earlier step"
+        raise
 
 
 def schedule_transfer(src: BackendData, dst: DeviceContext, meta: TensorMeta) -> BackendData:
-    """Copy `src` to `dst` on `dst`'s worker, after `src`'s producer finished."""
-    future = Future(f"transfer {src.device} -> {dst.device}", dst)
-    out = BackendData(dst, meta, future=future, index=0)
+    """Copy `src` to `dst` on `dst`'s queue, after `src`'s producer finished: an execution like
+    any other (an in-flight slot, errors recorded and re-raised at the next barrier)."""
+    label = f"transfer {src.device} -> {dst.device} at {caller_location()}"
+    while not dst.try_acquire_slot():
+        _wait_for_slot(dst)
 
-    def run() -> None:
-        try:
-            value = src.get()
-            res = dst.backend.upload(src.device.backend.to_torch(value), dst.backend_device)
-        except BaseException as e:  # noqa: BLE001
-            future.set_error(e)
-            return
-        future.set_result([res])
-    with dst.lock:
-        dst.worker.submit(run)
-        dst.last = future
-    return out
+    def run(_ex: Execution) -> list[Any]:
+        value = _input_value(src)
+        return [dst.backend.upload(src.device.backend.to_torch(value), dst.backend_device)]
+    ex = dst.submit(run, label, slot=True)
+    return BackendData(dst, meta, future=ex, index=0)
+
+
+# -- syncing and reading --------------------------------------------------------------------
+
+def _groups(tensors: Sequence[Any]) -> dict[DeviceContext, list[Any]]:
+    groups: dict[DeviceContext, list[Any]] = {}
+    for t in tensors:
+        groups.setdefault(t._ctx, []).append(t)
+    return groups
+
+
+def sync_tensors(ctx: DeviceContext, tensors: Sequence[Any], label: str | None = None) -> Execution | None:
+    """Schedule the pending IR of `tensors` (all on `ctx`) as one graph; return its execution."""
+    ex = schedule({ctx: list(tensors)}, label)
+    return ex[0] if ex else None
+
+
+def sync_multi(tensors: Sequence[Any], label: str | None = None) -> list[Execution]:
+    """Schedule the pending IR of tensors on any devices: one graph per device, all cut under
+    one barrier across their lockers, so a concurrent `mark_step` sees none or all of them."""
+    groups = _groups(tensors)
+    return schedule(groups, label) if groups else []
 
 
 def data_of(t: Any) -> BackendData:
@@ -243,61 +270,84 @@ def data_of(t: Any) -> BackendData:
     return t._v[0].data
 
 
-def materialize(tensors: Sequence[Any]) -> list[torch.Tensor]:
-    """Backend `torch.Tensor`s of lazy tensors, waiting only for the futures they need.
+def needed(tensors: Sequence[Any]) -> list[Execution]:
+    """The executions that reading `tensors` (already scheduled) waits for."""
+    found: dict[int, Execution] = {}
+    for t in tensors:
+        f = t._v[0].data.future
+        if f is not None:
+            found[id(f)] = f
+    return list(found.values())
 
-    Raises `ComputationError` when a tensor's computation failed, and the device's pending
-    execution error (once) when another execution on a touched device failed.
-    """
-    sync_multi(tensors)
-    pending = {id(f): f for t in tensors if (f := t._v[0].data.future) is not None}
-    if len(pending) > 1:  # several executions (often on several devices): wait for all at once
-        mw = MultiWait(len(pending))
-        for f in pending.values():
-            f.add_done_callback(lambda _f: mw.done())
-        mw.wait()
+
+def coverage(tensors: Sequence[Any]) -> list[tuple[DeviceContext, int]]:
+    """What a read of `tensors` reports: per device, the failed executions queued up to the
+    newest producer of a read tensor (a function of program order, not of timing)."""
+    upto: dict[DeviceContext, int] = {}
+    for t in tensors:
+        seq = t._v[0].data.seq
+        if seq > upto.get(t._ctx, 0):
+            upto[t._ctx] = seq
+    return list(upto.items())
+
+
+def collect(tensors: Sequence[Any]) -> list[Any]:
+    """Backend `torch.Tensor`s of scheduled, finished lazy tensors.  Raises `ComputationError`
+    for the first tensor whose computation failed (that execution's failure is then reported),
+    else the pending errors the read covers."""
     out = []
     for t in tensors:
         data = t._v[0].data
         try:
             value = data.get()
-        except ComputationError as e:
-            t._ctx.discard_error(e.__cause__)
+        except ComputationError:
+            t._ctx.discard_error(data.seq)
             raise
         out.append(t._ctx.backend.to_torch(value))
-    for ctx in {t._ctx.index: t._ctx for t in tensors}.values():
-        ctx.check_error()
+    raise_errors(coverage(tensors))
     return out
 
 
-def mark_step(ctxs: Sequence[DeviceContext], wait: bool = False) -> list[Future]:
-    """Cut and schedule every live tensor's graph on each of `ctxs`."""
-    label = caller_location()
+def materialize(tensors: Sequence[Any]) -> list[Any]:
+    """Backend `torch.Tensor`s of lazy tensors, waiting only for the executions they need."""
+    sync_multi(tensors)
+    wait_all(needed(tensors))
+    return collect(tensors)
+
+
+async def materialize_async(tensors: Sequence[Any]) -> list[Any]:
+    """`materialize` for trio."""
+    from .futures import wait_async
+    groups = _groups(tensors)
+    if groups:
+        await schedule_async(groups)
+    await wait_async(needed(tensors))
+    return collect(tensors)
+
+
+def step_start(ctxs: Sequence[DeviceContext]) -> None:
     metrics.counter("MarkStep")
-    futures = []
-    with lock_devices(ctxs):
-        for ctx in ctxs:
-            f = _sync_locked(ctx, ctx.live_tensors(), label)
-            if f is not None:
-                futures.append(f)
-    if wait:
-        wait_device_ops(ctxs)
-    return futures
+
+
+def mark_step(ctxs: Sequence[DeviceContext]) -> list[Execution]:
+    """Cut and schedule every live tensor's graph on each of `ctxs`."""
+    return schedule({c: None for c in ctxs})
+
+
+async def mark_step_async(ctxs: Sequence[DeviceContext]) -> list[Execution]:
+    return await schedule_async({c: None for c in ctxs})
 
 
 def wait_device_ops(ctxs: Sequence[DeviceContext]) -> None:
-    """Block until all work queued on `ctxs` has run; re-raise a captured error once."""
-    if len(ctxs) > 1:
-        mw = MultiWait(len(ctxs))
-        for ctx in ctxs:
-            f = ctx.last
-            if f is None:
-                mw.done()
-            else:
-                f.add_done_callback(lambda _f: mw.done())
-        mw.wait()
-    else:
-        for ctx in ctxs:
-            ctx.wait()
-    for ctx in ctxs:
-        ctx.check_error()
+    """Block until all work queued on `ctxs` has run (kernels included); re-raise the errors
+    of those executions, once."""
+    lasts = [(c, c.last) for c in ctxs]
+    wait_all([f for _, f in lasts if f is not None])
+    raise_errors([(c, f.seq if f is not None else 0) for c, f in lasts])
+
+
+async def wait_device_ops_async(ctxs: Sequence[DeviceContext]) -> None:
+    from .futures import wait_async
+    lasts = [(c, c.last) for c in ctxs]
+    await wait_async([f for _, f in lasts if f is not None])
+    raise_errors([(c, f.seq if f is not None else 0) for c, f in lasts])

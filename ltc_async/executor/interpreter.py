@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from ..backend import Computation
-from ..ir.node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+from ..ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value
 from ..ir.schema import op_info
 
 
@@ -58,6 +58,8 @@ class Interpreter(Computation):
                 return [None if r is None else vals[r] for r in e[1]]
             if e[0] is SCALAR:
                 return scalars[e[1]]
+            if e[0] is NUM:
+                return const_value(e)
             if e[0] is RNG:
                 g = torch.Generator(self.device)
                 g.manual_seed(scalars[e[1]])
