@@ -8,7 +8,7 @@ import torch
 
 from .executor import arena
 from .executor import graph_executor as gx
-from .ir.node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, post_order
+from .ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value, post_order
 from .tensor.lazy_tensor import unwrap
 
 __all__ = ["dump_ir", "graph_hash"]
@@ -35,6 +35,8 @@ def _fmt_arg(e: object, names: dict[tuple[int, int], str], node: Node) -> str:
             return f"scalar<{e[2].__name__}>={node.scalars[e[1]]!r}"
         if e[0] is RNG:
             return f"rng_seed={node.scalars[e[1]]}"
+        if e[0] is NUM:
+            return repr(const_value(e))
     return repr(e)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from ltc_async.backend import Backend, Computation
-from ltc_async.ir.node import SCALAR, TENSOR_LIST, Node, Tag
+from ltc_async.ir.node import NUM, SCALAR, TENSOR_LIST, Node, Tag
 
 from .lowering import IN_GENERATOR, TSLowering, _graph_op_name
 
@@ -62,6 +62,9 @@ def _kind(e: Any) -> Any:
     if type(e) is tuple and e and type(e[0]) is Tag:
         if e[0] is TENSOR_LIST:
             return ("L", any(r is None for r in e[1]))
+        if e[0] is NUM:  # a number constant: its type (element types for lists)
+            v = e[1]
+            return ("N", tuple(map(type, v)) if type(v) is tuple else type(v))
         return (e[0].name, e[2]) if e[0] is SCALAR else e[0].name
     return type(e)
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch._C import BoolType, FloatType, IntType, ListType, OptionalType, TensorType
 
-from ltc_async.ir.node import DEVICE_DATA, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag
+from ltc_async.ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value
 
 _TENSOR = TensorType.get()
 _GEN = torch._C._GeneratorType.get()
@@ -114,6 +114,8 @@ class TSLowering:
                     g.insertNode(lc)
                     lc.output().setType(ListType(OptionalType(_TENSOR)) if has_none else ListType.ofTensors())
                     args.append(lc.output())
+                elif tag is NUM:
+                    args.append(self.constant(const_value(e)))
                 else:  # SCALAR / RNG
                     args.append(scalar_vals[e[1]])
             elif type(e) is tuple and not e:

@@ -4,6 +4,11 @@ A `Node` is one aten call with its tensor operands replaced by references to oth
 outputs.  Everything that is not a tensor is kept in `template`, one entry per schema argument:
 
 * a constant (ints, int lists as tuples, dtypes, devices, None, ...), part of the node's identity;
+* `(NUM, value, token)`: a constant in a slot that takes floats or Scalars (`eps`, `clamp(min=)`,
+  a factory's fill value), made by `exact()`.  Python equality merges `1 == 1.0 == True` and
+  `0.0 == -0.0` and never matches NaN, so such constants carry an exact `token` (the type, or
+  the float's bits) and every key built from the template tells them apart; `const_value(e)`
+  gives the value back;
 * `(TENSOR, i)`: operand `i`;
 * `(TENSOR_LIST, (i, j, None, ...))`: a `Tensor[]` / `Tensor?[]` argument;
 * `(SCALAR, k, type)`: runtime scalar `k` of `node.scalars`.  Only its *type* is part of the
@@ -17,6 +22,7 @@ from a post-order walk (see `executor/graph.py`), which makes equal graphs compa
 """
 from __future__ import annotations
 
+import struct
 from typing import Any, NamedTuple
 
 import torch
@@ -38,7 +44,40 @@ TENSOR = Tag("T")
 TENSOR_LIST = Tag("TL")
 SCALAR = Tag("S")
 RNG = Tag("G")
+NUM = Tag("N")
 DEVICE_DATA = Tag("device_data")  # the `op` of a node that stands for materialized device data
+
+
+_PACK = struct.Struct("<d").pack
+_NANS: dict[bytes, Any] = {}  # bits -> one NaN object per bit pattern: equal to itself by identity
+
+
+def exact(v: Any) -> Any:
+    """A number constant (or a list of them) as a template entry that compares exactly."""
+    t = type(v)
+    if t is int or t is bool:
+        return (NUM, v, t)
+    if t is float:
+        bits = _PACK(v)
+        if v != v:
+            v = _NANS.setdefault(bits, v)
+        return (NUM, v, bits)
+    if t is complex:
+        bits = _PACK(v.real) + _PACK(v.imag)
+        if v != v:
+            v = _NANS.setdefault(bits, v)
+        return (NUM, v, bits)
+    if (t is list or t is tuple) and v:
+        codes = [exact(e) for e in v]
+        return (NUM, tuple([c[1] if type(c) is tuple else c for c in codes]),
+                tuple([c[2] if type(c) is tuple else c for c in codes]))
+    return tuple(v) if t is list else v
+
+
+def const_value(e: tuple) -> Any:
+    """The value of an `exact()` template entry (lists come back as lists)."""
+    v = e[1]
+    return list(v) if type(v) is tuple else v
 
 
 class TensorMeta(NamedTuple):

@@ -11,9 +11,18 @@ from typing import Any
 
 import torch
 
-# Argument kinds.
-CONST, TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR, GENERATOR = range(6)
+# Argument kinds.  NUM_CONST: a constant in a slot that takes floats or Scalars, which the
+# template stores exactly (see `ir.node.exact`).
+CONST, TENSOR, OPT_TENSOR, TENSOR_LIST, SCALAR, GENERATOR, NUM_CONST = range(7)
 _NO_DEFAULT = object()
+_NUM_TYPES = (torch._C.FloatType, torch._C.NumberType, torch._C.ComplexType)
+
+
+def _holds_numbers(t: torch._C.JitType) -> bool:
+    """Does a constant slot of this type take floats or Scalars (alone, optional or in a list)?"""
+    if isinstance(t, (torch._C.OptionalType, torch._C.ListType)):
+        return _holds_numbers(t.getElementType())
+    return isinstance(t, _NUM_TYPES)
 
 
 def _arg_kind(t: torch._C.JitType) -> int:
@@ -25,23 +34,22 @@ def _arg_kind(t: torch._C.JitType) -> int:
             return OPT_TENSOR
         if isinstance(inner, torch._C._GeneratorType):
             return GENERATOR
-        if isinstance(inner, torch._C.NumberType):
-            return CONST  # Scalar? (clamp min/max, ...): constant, None-able
         if isinstance(inner, torch._C.ListType) and isinstance(inner.getElementType(), torch._C.TensorType):
             return TENSOR_LIST
-        return CONST
+        # Scalar? (clamp min/max, ...), float?: a constant, None-able
+        return NUM_CONST if _holds_numbers(inner) else CONST
     if isinstance(t, torch._C.ListType):
         el = t.getElementType()
         if isinstance(el, torch._C.TensorType) or (
             isinstance(el, torch._C.OptionalType) and isinstance(el.getElementType(), torch._C.TensorType)
         ):
             return TENSOR_LIST
-        return CONST
+        return NUM_CONST if _holds_numbers(el) else CONST
     if isinstance(t, torch._C.NumberType):
         return SCALAR
     if isinstance(t, torch._C._GeneratorType):
         return GENERATOR
-    return CONST
+    return NUM_CONST if _holds_numbers(t) else CONST
 
 
 class OpInfo:

@@ -24,7 +24,7 @@ from ..executor import arena
 from ..executor import graph_executor as gx
 from ..executor.device import DeviceContext
 from ..executor.futures import BackendData
-from ..ir.node import Node, TensorMeta, make_data_node
+from ..ir.node import Node, TensorMeta, exact, make_data_node
 from ..ir.schema import GENERATOR, OpInfo
 from .lazy_tensor import LtcTensor, make_tensor, unwrap
 
@@ -58,8 +58,8 @@ _scalar_cache: dict[tuple, Node] = {}
 
 def _upload_scalar(ctx: DeviceContext, host: torch.Tensor, meta: TensorMeta) -> LtcTensor:
     """0-dim host tensors (`x + torch.tensor(2.0)`) are cached by value: LTC's DataCache."""
-    # repr keeps what equality would merge: -0.0 vs 0.0, and NaN equal to itself
-    key = (ctx.index, host.dtype, repr(host.item()))
+    # exact(): keeps apart what equality would merge (-0.0 vs 0.0, NaN signs), NaN equal to itself
+    key = (ctx.index, host.dtype, exact(host.item()))
     node = _scalar_cache.get(key)
     if node is None:
         metrics.counter("DeviceDataCacheMiss")

@@ -19,8 +19,8 @@ import torch
 from .._config import config
 from ..executor import arena
 from ..executor.device import DeviceContext, caller_location
-from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node
-from ..ir.schema import CONST, GENERATOR, OPT_TENSOR, OpInfo
+from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, exact
+from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
 from ..ir.schema import SCALAR as K_SCALAR
 from ..ir.schema import TENSOR as K_TENSOR
 from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
@@ -30,6 +30,7 @@ from .lazy_tensor import LtcTensor, make_tensor
 
 aten = torch.ops.aten
 _SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
+_INT64 = 1 << 63              # eager takes ints up to 2**64 - 1 as Scalars; TorchScript's int is int64
 
 # Ops that read memory layout: always run eagerly on values restrided to eager's layout.
 _LAYOUT_DEPENDENT = {aten.as_strided_copy.default, aten.as_strided_scatter.default,
@@ -48,6 +49,7 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
     scalars: list[Any] = []
     ctx: DeviceContext | None = None
     uploads: list[tuple[int, int | None, torch.Tensor]] | None = None  # (template pos, list pos, tensor)
+    wide = False  # an int scalar beyond int64: only eager takes it
     kinds = info.kinds
     for i, v in enumerate(full):
         k = kinds[i]
@@ -79,14 +81,21 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                 uploads.append((len(template), None, v))
                 template.append(None)
             else:  # a Python number where the schema says Tensor: a wrapped number
+                if type(v) is int and not -_INT64 <= v < _INT64:
+                    wide = True
                 template.append((SCALAR, len(scalars), type(v)))
                 scalars.append(v)
         elif k == K_SCALAR:
-            if info.is_factory or type(v) not in _SCALAR_TYPES:
-                template.append(v)  # factories: scalars can decide shapes (arange)
+            tv = type(v)
+            if info.is_factory or tv not in _SCALAR_TYPES:
+                template.append(exact(v))  # factories: scalars can decide shapes (arange)
             else:
-                template.append((SCALAR, len(scalars), type(v)))
+                if tv is int and not -_INT64 <= v < _INT64:
+                    wide = True
+                template.append((SCALAR, len(scalars), tv))
                 scalars.append(v)
+        elif k == NUM_CONST:
+            template.append(exact(v))
         elif k == K_TENSOR_LIST:
             if v is None:
                 template.append(None)
@@ -130,6 +139,8 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
         for e in template:
             if type(e) is tuple and e and e[0] is RNG:
                 scalars[e[1]] = seed_from(ctx, scalars[e[1]])
+    if wide:
+        return eager_fallback(func, info, full, ctx)
     tpl = tuple(template)
     skey = (info.qualname, tpl, tuple([n.outputs[i] for n, i in operands]))
     res = shapes.cache.get(skey)
