@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .futures import ComputationError, Execution, ExecutionError, Worker, wait_async
+from .futures import Execution, ExecutionError, Failed, Worker, wait_async
 
 _MASK64 = (1 << 64) - 1
 _MAX_PENDING_ERRORS = 64   # per device, until a barrier reports them
@@ -183,10 +183,14 @@ class DeviceContext:
         """Worker side: the error is recorded and the slot freed *before* the future completes,
         so whoever wakes up on it sees both."""
         try:
-            return fn(ex)
-        except BaseException as e:  # noqa: BLE001 - recorded, then re-raised into the future
-            self._record_error(ex, e)
-            raise
+            try:
+                outs = fn(ex)
+            except BaseException as e:  # noqa: BLE001 - recorded, then re-raised into the future
+                self._record_error(ex, Failed(e, "execution"))
+                raise
+            if ex.failure is not None:   # some outputs could not be computed (see _execute)
+                self._record_error(ex, ex.failure)
+            return outs
         finally:
             with self._qlock:
                 if self._inflight and self._inflight[0] is ex:
@@ -210,19 +214,22 @@ class DeviceContext:
             await wait_async([f])
 
     # -- errors ---------------------------------------------------------------------------
-    def _record_error(self, ex: Execution, error: BaseException) -> None:
-        upstream = None
-        if isinstance(error, ComputationError) and getattr(error, "upstream", None):
-            upstream = error.upstream
-            text = (f"execution on {self.device} of the graph scheduled at {ex.label} did not "
-                    f"run: its input from {upstream} had failed (reported separately)")
-            cause = error.__cause__
-        else:
+    def _record_error(self, ex: Execution, failed: Failed) -> None:
+        """One `ExecutionError` for execution `ex`, naming its own failure, or the failed input
+        it could not do without (`upstream`)."""
+        if failed.ctx is None:
+            failed.ctx, failed.label = self, ex.label
+        if failed.ctx is self and failed.label == ex.label:
             text = (f"execution on {self.device} of the graph scheduled at {ex.label} failed: "
-                    f"{type(error).__name__}: {error}")
-            cause = error
+                    f"{failed.where}: {type(failed.error).__name__}: {failed.error}")
+            upstream = None
+        else:
+            upstream = f"the graph scheduled at {failed.label} on {failed.ctx}"
+            text = (f"execution on {self.device} of the graph scheduled at {ex.label} could not "
+                    f"compute some outputs: their input from {upstream} had failed (reported "
+                    f"separately): {type(failed.error).__name__}: {failed.error}")
         err = ExecutionError(text)
-        err.__cause__ = cause
+        err.__cause__ = failed.error
         err.upstream = upstream
         err.seq = ex.seq
         err.errors = [err]

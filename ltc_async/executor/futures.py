@@ -57,6 +57,7 @@ class Execution(cf.Future):
         self.ctx = ctx          # the DeviceContext that runs it
         self.seq = seq          # position in the device queue (FIFO: completes in seq order)
         self.marker: Any = None  # backend completion marker (a CUDA event), see Backend
+        self.failure: Any = None  # a `Failed` when some outputs could not be computed
 
     @property
     def device(self) -> Any:   # kept for messages and older callers
@@ -142,6 +143,40 @@ def strip_frames(error: BaseException) -> BaseException:
     return error
 
 
+class Failed:
+    """A value an execution could not produce.  It stands in the execution's outputs, and every
+    value computed from it (in this execution or a later one, on any device) is the same
+    `Failed`: it always names the *root* failure, so chains of failing steps neither grow nor
+    keep earlier steps alive."""
+
+    __slots__ = ("error", "where", "ctx", "label")
+
+    def __init__(self, error: BaseException, where: str) -> None:
+        self.error = strip_frames(error)
+        self.where = where        # "aten::index_select", or "execution" for a whole-graph failure
+        self.ctx: Any = None      # device and label of the execution where it happened
+        self.label = ""
+
+    def __repr__(self) -> str:
+        return f"Failed({self.root_text})"
+
+    @property
+    def root_text(self) -> str:
+        return (f"{self.where} on {self.ctx} (graph scheduled at {self.label}): "
+                f"{type(self.error).__name__}: {self.error}")
+
+    def read_error(self, f: Execution) -> ComputationError:
+        """The error for reading a tensor execution `f` should have produced."""
+        if self.ctx is f.ctx and self.label == f.label:
+            text = f"the computation producing this tensor failed: {self.root_text}"
+        else:
+            text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
+                    f"{f.label}) did not run because an input had failed: {self.root_text}")
+        err = ComputationError(text)
+        err.__cause__ = self.error
+        return err
+
+
 class BackendData:
     """A handle to one tensor's data on a backend device.
 
@@ -165,52 +200,43 @@ class BackendData:
         """The pending execution producing this data (None once known to be available)."""
         f = self._future
         if f is not None and f.done() and f.marker is None and f.error is None:
-            self._value = f.result()[self._index]
-            self._future = None
-            return None
+            value = f.result()[self._index]
+            if type(value) is not Failed:
+                self._value = value
+                self._future = None
+                return None
         return f
 
     def is_ready(self) -> bool:
         f = self._future
         return f is None or f.done()
 
-    def get(self) -> Any:
-        """The backend value, waiting for its execution if needed.
-
-        Raises `ComputationError` (chained to the original exception) if that execution failed.
-        """
+    def resolve(self) -> Any:
+        """The backend value, or `Failed` if its execution could not produce it (waits)."""
         f = self._future
         if f is None:
             return self._value
         f.wait()
         error = f.error
-        if error is not None:
-            raise failed_input_error(f, error)
-        self._value = f.result()[self._index]
-        self._future = None
-        return self._value
+        if error is not None:  # the whole execution failed (not a single op)
+            failed = Failed(error, "execution")
+            failed.ctx, failed.label = f.ctx, f.label
+            return failed
+        value = f.result()[self._index]
+        if type(value) is not Failed:
+            self._value = value
+            self._future = None
+        return value
 
+    def get(self) -> Any:
+        """The backend value, waiting for its execution if needed.
 
-def failed_input_error(f: Execution, error: BaseException) -> ComputationError:
-    """The error for reading (or consuming) a value that execution `f` failed to produce.
-
-    Its cause is always the *root* failure and its text names only that root and `f`, so a
-    chain of steps failing one after another (parameters whose update failed) neither grows
-    the messages nor keeps earlier steps alive."""
-    root_text = getattr(error, "root_text", None)
-    if isinstance(error, ComputationError) and root_text is not None:
-        root = error.__cause__
-        text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
-                f"{f.label}) did not run because an input had failed: {root_text}")
-    else:
-        root = error
-        root_text = (f"failed on {f.ctx} (graph scheduled at {f.label}): "
-                     f"{type(error).__name__}: {error}")
-        text = "the computation producing this tensor " + root_text
-    err = ComputationError(text)
-    err.__cause__ = root
-    err.root_text = root_text
-    return err
+        Raises `ComputationError` (chained to the root exception) if it could not be computed.
+        """
+        value = self.resolve()
+        if type(value) is Failed:
+            raise value.read_error(self._future)
+        return value
 
 
 class Worker:

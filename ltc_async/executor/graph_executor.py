@@ -37,7 +37,8 @@ from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
 from . import compiler
 from .compiler import ComputationCache, cache  # noqa: F401 - re-exported for callers/tests
 from .device import DeviceContext, caller_location, lock_devices, raise_errors
-from .futures import BackendData, ComputationError, Execution, failed_input_error, wait_all
+from .futures import BackendData, ComputationError, Execution, Failed, wait_all
+from .interpreter import Interpreter
 
 
 class GraphPlan:
@@ -194,8 +195,7 @@ def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
         lint(roots)
     plan = GraphPlan(roots)
     program = compiler.computation_for(ctx, plan, label)
-    inputs = plan.inputs
-    ex = ctx.submit(lambda e: _execute(ctx, program, inputs, e), label, slot=has_slot)
+    ex = ctx.submit(lambda e: _execute(ctx, program, plan, e), label, slot=has_slot)
     datas = [BackendData(ctx, n.outputs[i], future=ex, index=j) for j, (n, i) in enumerate(roots)]
     dnodes = [make_data_node(d, d.meta) for d in datas]
     for t, r in zip(pending, which):
@@ -206,25 +206,38 @@ def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
     return ex
 
 
-def _execute(ctx: DeviceContext, program: Any, inputs: list[Any], ex: Execution) -> list[Any]:
-    """Device worker: wait for the program, resolve inputs, run.  Errors propagate into `ex`
-    (recorded by `DeviceContext._run`)."""
-    comp = program.result()
-    values = [_input_value(x) if type(x) is BackendData else x for x in inputs]
-    t0 = time.perf_counter()
-    outs = comp.execute(values)
+def _execute(ctx: DeviceContext, program: Any, plan: GraphPlan, ex: Execution) -> list[Any]:
+    """Device worker: wait for the program, resolve inputs, run.
+
+    If the program raises, or an input had failed, the graph runs again on the IR interpreter
+    node by node (`execute_salvaging`): only the outputs that depend on the failing op or the
+    failed input become `Failed`; every other output (an optimizer update beside a bad
+    gather) gets its value, as eager would have computed it.  `ex.failure` then tells the
+    device to record this execution's error for the next barrier."""
+    values = [x.resolve() if type(x) is BackendData else x for x in plan.inputs]
+    upstream = next((v for v in values if type(v) is Failed), None)
+    if upstream is None:
+        comp = program.result()
+        t0 = time.perf_counter()
+        try:
+            outs = comp.execute(values)
+        except Exception:  # noqa: BLE001 - salvaged below, the failing op reported
+            metrics.counter("ExecutionSalvaged")
+        else:
+            ex.marker = ctx.backend.completion_marker(ctx.backend_device)
+            metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
+            return outs
+    outs = Interpreter(plan.order, plan.roots, ctx.backend_device).execute_salvaging(values)
+    own = None
+    for v in outs:
+        if type(v) is Failed and v.ctx is None:   # failed here, not upstream
+            v.ctx, v.label = ctx, ex.label
+            own = own or v
+    failed = own or next((v for v in outs if type(v) is Failed), None)
+    if failed is not None:
+        ex.failure = failed
     ex.marker = ctx.backend.completion_marker(ctx.backend_device)
-    metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
     return outs
-
-
-def _input_value(data: BackendData) -> Any:
-    try:
-        return data.get()
-    except ComputationError as e:
-        f = data._future
-        e.upstream = f"the graph scheduled at {f.label} on {f.ctx}" if f is not None else "an earlier step"
-        raise
 
 
 def schedule_transfer(src: BackendData, dst: DeviceContext, meta: TensorMeta) -> BackendData:
@@ -234,8 +247,11 @@ def schedule_transfer(src: BackendData, dst: DeviceContext, meta: TensorMeta) ->
     while not dst.try_acquire_slot():
         _wait_for_slot(dst)
 
-    def run(_ex: Execution) -> list[Any]:
-        value = _input_value(src)
+    def run(ex: Execution) -> list[Any]:
+        value = src.resolve()
+        if type(value) is Failed:   # the source failed: so does its copy, saying why
+            ex.failure = value
+            return [value]
         return [dst.backend.upload(src.device.backend.to_torch(value), dst.backend_device)]
     ex = dst.submit(run, label, slot=True)
     return BackendData(dst, meta, future=ex, index=0)

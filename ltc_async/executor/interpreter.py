@@ -13,6 +13,7 @@ import torch
 from ..backend import Computation
 from ..ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value
 from ..ir.schema import op_info
+from .futures import Failed
 
 
 class Interpreter(Computation):
@@ -32,23 +33,52 @@ class Interpreter(Computation):
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         env: list[list[Any]] = []
         it = iter(inputs)
-        for op, template, operands, n_scalars, out_spec in self.steps:
+        for step in self.steps:
+            if step[0] is DEVICE_DATA:
+                env.append([next(it)])
+            else:
+                env.append(self._run_step(step, env, it))
+        return [env[k][i] for k, i in self.roots]
+
+    def execute_salvaging(self, inputs: Sequence[Any]) -> list[Any]:
+        """Run what can run: a node whose op raises, or that consumes a `Failed` value, yields
+        `Failed` outputs; every other output gets its value.  How a failed execution keeps the
+        outputs that do not depend on the failure (see `graph_executor._execute`)."""
+        env: list[list[Any]] = []
+        it = iter(inputs)
+        for step in self.steps:
+            op, _template, operands, n_scalars, out_spec = step
             if op is DEVICE_DATA:
                 env.append([next(it)])
                 continue
-            scalars = [next(it) for _ in range(n_scalars)]
-            vals = [env[k][i] for k, i in operands]
-            args = [self._arg(e, vals, scalars) for e in template]
-            pos_args, kw_args = op_info(op).split(args)
-            out = op(*pos_args, **kw_args)
-            flat: list[Any] = []
-            for r, s in zip(out if isinstance(out, tuple) else (out,), out_spec):
-                if s is None:
-                    flat.append(r)
-                elif s is not False:
-                    flat.extend(r)
-            env.append(flat)
+            failed = next((v for k, i in operands if type(v := env[k][i]) is Failed), None)
+            if failed is None:
+                try:
+                    env.append(self._run_step(step, env, it))
+                    continue
+                except Exception as e:  # noqa: BLE001 - this node's failure, kept as a value
+                    failed = Failed(e, f"aten::{op.name()}")
+            else:
+                for _ in range(n_scalars):
+                    next(it)
+            env.append([failed] * sum(1 if s is None else (s or 0) for s in out_spec))
         return [env[k][i] for k, i in self.roots]
+
+    def _run_step(self, step: tuple, env: list[list[Any]], it: Any) -> list[Any]:
+        """One node: call its aten op on the operand values; the flattened outputs."""
+        op, template, operands, n_scalars, out_spec = step
+        scalars = [next(it) for _ in range(n_scalars)]
+        vals = [env[k][i] for k, i in operands]
+        args = [self._arg(e, vals, scalars) for e in template]
+        pos_args, kw_args = op_info(op).split(args)
+        out = op(*pos_args, **kw_args)
+        flat: list[Any] = []
+        for r, s in zip(out if isinstance(out, tuple) else (out,), out_spec):
+            if s is None:
+                flat.append(r)
+            elif s is not False:
+                flat.extend(r)
+        return flat
 
     def _arg(self, e: Any, vals: list[Any], scalars: list[Any]) -> Any:
         if type(e) is tuple and e and type(e[0]) is Tag:
