@@ -30,6 +30,9 @@ class Config:
     max_inflight: int = field(default_factory=lambda: _env_int("LTC_ASYNC_MAX_INFLIGHT", 4))
     #: record the user source line of every IR node (costs a few microseconds per op)
     ir_debug: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_IR_DEBUG", 0) != 0)
+    #: when a graph fails, re-run it on the IR interpreter so that only the outputs depending
+    #: on the failing op (or a failed input) fail; 0 fails the whole graph, as LTC does
+    salvage: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_SALVAGE", 1) != 0)
     #: intra-op threads for each CPU device worker (0: torch's default split, see README)
     cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
 

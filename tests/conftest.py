@@ -2,6 +2,7 @@
 virtual CPU devices, ltc:0 and ltc:1)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -100,3 +101,15 @@ def heavy_steps(x: torch.Tensor, seconds: float, limit: int = 200) -> int:
         n = min(limit, int(n * 1.25 * seconds / max(took, 1e-3)) + 1)
     _calibrated[key] = n
     return n
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float):
+    """Fail loudly instead of hanging: if the block is still running after `seconds`, every
+    thread's stack is dumped to stderr and the process exits (so CI shows where it hung)."""
+    import faulthandler
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

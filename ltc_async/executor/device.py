@@ -232,6 +232,7 @@ class DeviceContext:
         err.__cause__ = failed.error
         err.upstream = upstream
         err.seq = ex.seq
+        err.device = self.device
         err.errors = [err]
         with self._error_lock:
             self._errors.append(err)
@@ -282,7 +283,7 @@ def raise_errors(covered: Sequence[tuple[DeviceContext, int | None]]) -> None:
     err = ExecutionError(f"{len(taken) + dropped} executions failed; the first: {first}\n"
                          f"and {len(taken) - 1} more:\n{more}{lost}")
     err.__cause__ = first.__cause__
-    err.upstream = first.upstream
+    err.upstream, err.seq, err.device = first.upstream, first.seq, first.device
     err.errors = taken
     raise err
 

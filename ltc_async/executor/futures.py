@@ -32,7 +32,14 @@ _log = logging.getLogger("ltc_async")
 
 
 class ComputationError(RuntimeError):
-    """Reading a tensor whose computation failed (the original exception is chained)."""
+    """Reading a tensor whose computation failed (the original exception is chained).
+
+    `.device` / `.seq` name the execution that should have produced the tensor; `.upstream`
+    is set when that execution could not compute it because an input had failed."""
+
+    device: Any = None
+    seq: int = 0
+    upstream: str | None = None
 
 
 class ExecutionError(RuntimeError):
@@ -40,12 +47,15 @@ class ExecutionError(RuntimeError):
 
     One `ExecutionError` is raised per barrier; when several executions failed before it, their
     individual errors are listed in `.errors` (each failed execution is reported exactly once).
+    Each names its execution by `.device` and `.seq` (its place in that device's queue).
     `.upstream` is set when the execution failed only because one of its inputs (produced by
     another execution, whose own failure is reported separately) had failed.
     """
 
     errors: list["ExecutionError"]
     upstream: str | None = None
+    device: Any = None
+    seq: int = 0
 
 
 class Execution(cf.Future):
@@ -57,7 +67,22 @@ class Execution(cf.Future):
         self.ctx = ctx          # the DeviceContext that runs it
         self.seq = seq          # position in the device queue (FIFO: completes in seq order)
         self.marker: Any = None  # backend completion marker (a CUDA event), see Backend
+        self._wait_marker: Callable[[Any], None] | None = None
         self.failure: Any = None  # a `Failed` when some outputs could not be computed
+
+    def set_marker(self, backend: Any, device: Any) -> None:
+        """Worker side, right after the backend returned: note how to wait for its kernels."""
+        marker = backend.completion_marker(device)
+        if marker is not None:
+            self._wait_marker = backend.wait_marker
+            self.marker = marker
+
+    def wait_kernels(self) -> None:
+        """Block until the kernels behind a completion marker finished (then forget it)."""
+        marker, waiter = self.marker, self._wait_marker
+        if marker is not None and waiter is not None:
+            waiter(marker)
+            self.marker = None
 
     @property
     def device(self) -> Any:   # kept for messages and older callers
@@ -74,8 +99,7 @@ class Execution(cf.Future):
         done, _ = cf.wait([self], timeout)
         if not done:
             return False
-        if self.marker is not None:
-            self.ctx.backend.wait_marker(self.marker)
+        self.wait_kernels()
         return True
 
 
@@ -86,9 +110,8 @@ def wait_all(futures: Iterable[cf.Future], timeout: float | None = None) -> bool
     if pending:
         return False
     for f in futures:
-        marker = getattr(f, "marker", None)
-        if marker is not None:
-            f.ctx.backend.wait_marker(marker)
+        if getattr(f, "marker", None) is not None:
+            f.wait_kernels()
     return True
 
 
@@ -99,9 +122,9 @@ async def wait_async(futures: Iterable[cf.Future]) -> None:
     for f in futures:
         if not f.done():
             await _wait_one(f)
-        marker = getattr(f, "marker", None)
-        if marker is not None:  # kernels still running on a GPU: the event blocks, so a thread
-            await trio.to_thread.run_sync(f.ctx.backend.wait_marker, marker, abandon_on_cancel=True)
+        if getattr(f, "marker", None) is not None:  # kernels still running on a GPU: the
+            # event blocks, so a thread waits for it
+            await trio.to_thread.run_sync(f.wait_kernels, abandon_on_cancel=True)
     await trio.lowlevel.checkpoint()
 
 
@@ -167,13 +190,16 @@ class Failed:
 
     def read_error(self, f: Execution) -> ComputationError:
         """The error for reading a tensor execution `f` should have produced."""
+        err = ComputationError()
         if self.ctx is f.ctx and self.label == f.label:
             text = f"the computation producing this tensor failed: {self.root_text}"
         else:
+            err.upstream = f"the graph scheduled at {self.label} on {self.ctx}"
             text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
                     f"{f.label}) did not run because an input had failed: {self.root_text}")
-        err = ComputationError(text)
+        err.args = (text,)
         err.__cause__ = self.error
+        err.device, err.seq = f.ctx.device, f.seq
         return err
 
 

@@ -222,11 +222,16 @@ def _execute(ctx: DeviceContext, program: Any, plan: GraphPlan, ex: Execution) -
         try:
             outs = comp.execute(values)
         except Exception:  # noqa: BLE001 - salvaged below, the failing op reported
+            if not config.salvage:
+                raise
             metrics.counter("ExecutionSalvaged")
         else:
-            ex.marker = ctx.backend.completion_marker(ctx.backend_device)
+            ex.set_marker(ctx.backend, ctx.backend_device)
             metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
             return outs
+    elif not config.salvage:   # LTC semantics: the whole graph fails with its input
+        ex.failure = upstream
+        return [upstream] * len(plan.roots)
     outs = Interpreter(plan.order, plan.roots, ctx.backend_device).execute_salvaging(values)
     own = None
     for v in outs:
@@ -236,7 +241,7 @@ def _execute(ctx: DeviceContext, program: Any, plan: GraphPlan, ex: Execution) -
     failed = own or next((v for v in outs if type(v) is Failed), None)
     if failed is not None:
         ex.failure = failed
-    ex.marker = ctx.backend.completion_marker(ctx.backend_device)
+    ex.set_marker(ctx.backend, ctx.backend_device)
     return outs
 
 

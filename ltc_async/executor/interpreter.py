@@ -57,7 +57,7 @@ class Interpreter(Computation):
                     env.append(self._run_step(step, env, it))
                     continue
                 except Exception as e:  # noqa: BLE001 - this node's failure, kept as a value
-                    failed = Failed(e, f"aten::{op.name()}")
+                    failed = Failed(e, op.name())
             else:
                 for _ in range(n_scalars):
                     next(it)
