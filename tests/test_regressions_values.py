@@ -85,3 +85,107 @@ def test_zero_dim_upload_cache_keeps_nan_sign_and_zero_sign():
 def test_ir_dump_shows_constant_values():
     t = torch.tensor([1.0, 2.0], device=DEV).clamp(min=-0.0)
     assert "-0.0" in ltc.debug.dump_ir([t])
+
+
+# -- 2. layouts: a tensor's strides are its value's strides ------------------------------------
+
+def _group_norm_inputs():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(2, 4, 3, generator=g), torch.randn(4, generator=g), torch.randn(4, generator=g))
+
+
+def test_group_norm_backward_through_sum_matches_eager():
+    # `.sum()`'s incoming gradient is an expanded (stride-0) tensor; autograd's formula calls
+    # `.contiguous()` on it for a kernel that reads raw memory
+    import torch.nn.functional as F
+    grads = []
+    for dev in ("cpu", DEV):
+        x, w, b = (t.to(dev).requires_grad_() for t in _group_norm_inputs())
+        F.group_norm(x, 2, w, b).sum().backward()
+        grads.append([t.grad.cpu() for t in (x, w, b)])
+    for lazy, eager in zip(grads[1], grads[0]):
+        torch.testing.assert_close(lazy, eager)
+
+
+@pytest.mark.parametrize("make", ["expand", "transpose", "copy_"])
+def test_contiguous_and_copy_give_the_layout_they_promise(make):
+    # a raw-memory kernel given `.contiguous()` / a copied-into buffer must see that layout
+    aten = torch.ops.aten
+    x, w, _ = _group_norm_inputs()
+    _, mean, rstd = aten.native_group_norm(x, w, None, 2, 4, 3, 2, 1e-5)
+
+    def run(d):
+        if make == "expand":
+            g = torch.tensor(1.5, device=d).expand(2, 4, 3).contiguous()
+        elif make == "transpose":
+            g = torch.arange(24., device=d).reshape(3, 4, 2).transpose(0, 2).contiguous()
+        else:
+            g = torch.empty(2, 4, 3, device=d)
+            g.copy_(torch.arange(24., device=d).reshape(3, 4, 2).transpose(0, 2))
+        return aten.native_group_norm_backward(g, x.to(d), mean.to(d), rstd.to(d), w.to(d),
+                                               2, 4, 3, 2, [True, True, False])[0]
+    expected = run("cpu")
+    got = run(DEV)
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+# -- 3. in-place ops whose result is cast back to the target's dtype ---------------------------
+
+@pytest.mark.parametrize("case", ["add_f64", "add_f64_view", "cumsum_int32", "mul_f64_0dim", "sub_int_bool"])
+def test_inplace_result_cast_to_target_dtype(case):
+    def prog(d):
+        if case == "add_f64":
+            x = torch.ones(3, device=d)
+            x.add_(torch.full((3,), 0.25, dtype=torch.float64, device=d))
+        elif case == "add_f64_view":
+            x = torch.ones(2, 3, device=d)
+            x[1].add_(torch.full((3,), 0.25, dtype=torch.float64, device=d))
+        elif case == "cumsum_int32":
+            x = torch.arange(4, dtype=torch.int32, device=d)
+            x.cumsum_(0)
+        elif case == "mul_f64_0dim":
+            x = torch.ones(3, device=d)
+            x.mul_(torch.tensor(2.5, dtype=torch.float64, device=d))
+        else:
+            x = torch.arange(3, dtype=torch.int32, device=d)
+            x.sub_(torch.ones(3, dtype=torch.bool, device=d).to(torch.int64))
+        return x * 2  # the target stays usable
+    expected = prog("cpu")
+    same(prog(DEV), expected)
+
+
+# -- 4. a failing op leaves its inputs intact --------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["t_", "transpose_", "unsqueeze_", "squeeze_", "swapdims_", "as_strided_"])
+def test_failing_inplace_view_leaves_tensor_intact(bad):
+    calls = {"t_": lambda y: y.t_(), "transpose_": lambda y: y.transpose_(0, 5),
+             "unsqueeze_": lambda y: y.unsqueeze_(7), "squeeze_": lambda y: y.squeeze_(7),
+             "swapdims_": lambda y: y.swapdims_(0, 9), "as_strided_": lambda y: y.as_strided_((100,), (1,))}
+
+    def prog(d):
+        y = torch.arange(24., device=d).reshape(2, 3, 4)
+        z = y[0]                     # a view: updating it makes `y` replay its view chain
+        with pytest.raises((RuntimeError, IndexError)) as info:
+            calls[bad](y)
+        z.add_(1)
+        return y, type(info.value)
+    (ey, etype), (ly, ltype) = prog("cpu"), prog(DEV)
+    assert ltype is etype
+    same(ly, ey)
+    same(ly.t() if ly.dim() == 2 else ly.sum(0), ey.t() if ey.dim() == 2 else ey.sum(0))
+
+
+def test_failing_ops_leave_inputs_intact():
+    def prog(d):
+        y = torch.arange(6., device=d)
+        v = y[1:]
+        for bad in (lambda: y.view(4, 2), lambda: y.add_(torch.ones(2, 3, device=d)),
+                    lambda: torch.ones(3, dtype=torch.int64, device=d).add_(torch.ones(3, device=d)),
+                    lambda: v.unsqueeze_(0).unsqueeze_(0).t_()):
+            with pytest.raises(RuntimeError):
+                bad()
+        v.mul_(2)
+        return y, v
+    (ly, lv), (ey, ev) = prog(DEV), prog("cpu")
+    same(ly, ey)
+    same(lv, ev)

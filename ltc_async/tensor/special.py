@@ -44,17 +44,29 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         if kwargs.get("memory_format") in (None, torch.preserve_format):
             out = eager_layout(out, x._m)  # eager's layout for this copy
         return out
-    # Functionalization hands `_to_copy` results back unwrapped (it expects them to leave the
-    # functional world, as `.cpu()` does), so lazy results are wrapped here.
+    # Functionalization hands a user's `_to_copy` result back unwrapped (it expects it to leave
+    # the functional world, as `.cpu()` does), so lazy results are wrapped here -- except for
+    # the cast `FunctionalTensorWrapper::replace_` makes of an in-place op's result whose dtype
+    # differs from its target's (`f32.add_(f64)`): it stores the result inside the wrapper.
+    keep_bare = _casts_inplace_result(kwargs)
     if device is not None and arena.get(device) is not x._ctx:
         x = transfer(x, arena.get(device))
     kwargs = dict(kwargs)
     kwargs["device"] = x._ctx.device if device is not None else None
     if kwargs.get("dtype") in (None, x.dtype) and kwargs.get("memory_format") in (None, torch.preserve_format):
         node, idx = x._v  # values are immutable: an unchanged copy is the same value
-        return wrap(make_tensor(x._ctx, node, idx, x._m))
-    info = op_info(func)
-    return wrap(trace(func, info, info.bind((x,), kwargs)))
+        out = make_tensor(x._ctx, node, idx, x._m)
+    else:
+        info = op_info(func)
+        out = trace(func, info, info.bind((x,), kwargs))
+    return out if keep_bare else wrap(out)
+
+
+def _casts_inplace_result(kwargs: dict) -> bool:
+    """Is this `_to_copy` the cast `FunctionalTensorWrapper::replace_` makes?  It is the one
+    caller passing `dtype` and `layout` alone (`TensorOptions().dtype(..).layout(..)`): user
+    calls reach here through `Tensor.to`, which passes a device with the layout, or no layout."""
+    return len(kwargs) == 2 and "layout" in kwargs and "dtype" in kwargs
 
 
 def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -66,11 +78,9 @@ def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
         src = upload(ctx, src)
     elif src._ctx is not ctx:
         src = transfer(src, ctx)
-    ms = self._m
-    mt = src._m
-    if ms.shape == mt.shape and ms.dtype == mt.dtype:
+    if src._m == self._m:  # same shape, dtype and layout: the copy is the source's value
         node, idx = src._v
-        return make_tensor(ctx, node, idx, ms)
+        return make_tensor(ctx, node, idx, self._m)
     info = op_info(func)
     return trace(func, info, info.bind((self, src), kwargs))
 
@@ -99,7 +109,7 @@ def copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         value = src if type(src) is LtcTensor else upload(dst._ctx, src)
         if value._ctx is not dst._ctx:
             value = transfer(value, dst._ctx)
-        if value._m.shape != dst._m.shape or value._m.dtype != dst._m.dtype:
+        if value._m != dst._m:  # dst keeps its shape, dtype and layout
             info = op_info(aten.copy.default)
             value = trace(aten.copy.default, info, [dst, value, False])
         dst._ctx.rebind(dst, value._v)

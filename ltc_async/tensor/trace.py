@@ -8,7 +8,12 @@ Design note.  `trace()` binds a call to its schema (see `ir/schema.py`) and buil
 2. host tensors among the arguments are uploaded (0-dim ones cached by value);
 3. shape inference (`shapes.py`) gives the output metas, or says the op must run eagerly, which
    it also must when the backend cannot lower it (`eager_fallback` in `host.py`);
-4. outputs become lazy tensors naming the node; identity ops name their input's value.
+4. outputs become lazy tensors naming the node; identity ops name their input's value when
+   the layout stays the same.
+
+Invariant: a lazy tensor's strides (its `TensorMeta`) are the strides its value has when the
+graph runs.  Eager kernels such as `native_group_norm_backward` read raw memory and rely on
+callers' `.contiguous()`; a tensor claiming a layout its value lacks gives garbage there.
 """
 from __future__ import annotations
 
@@ -153,9 +158,12 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
     if res is shapes.FALLBACK:
         return eager_fallback(func, info, full, ctx)
     metas, out_spec = res
-    if info.identity:
-        src = operands[0]
-        return make_tensor(ctx, src[0], src[1], metas[0])
+    if info.identity:  # values are immutable: the output is the input's value ...
+        node, i = operands[0]
+        if node.outputs[i].stride == metas[0].stride:
+            return make_tensor(ctx, node, i, metas[0])
+        # ... unless it has another layout (`contiguous()` of a transposed or expanded tensor):
+        # kernels that read memory directly trust the layout they were promised
     node = Node(func, tuple(operands), tpl, tuple(scalars), metas, out_spec,
                 origin=caller_location() if config.ir_debug else None, op_key=info.qualname)
     if out_spec == (None,):
