@@ -30,11 +30,18 @@ def counter(name: str, n: int = 1) -> None:
     _counters[name] = _counters.get(name, 0) + n
 
 
-def counter_exact(name: str, n: int = 1) -> None:
-    """`counter` under a lock, for counters that several threads update (compile counters:
-    the caller counts a cache miss, the compiler thread may turn it into a program reuse)."""
-    with _metrics_lock:
-        _counters[name] = _counters.get(name, 0) + n
+_read_hooks: list = []
+
+
+def before_read(hook) -> None:
+    """Run `hook()` before metrics are read (the executor waits for queued compile jobs, so
+    compile counters are exact right after `mark_step`)."""
+    _read_hooks.append(hook)
+
+
+def _settle() -> None:
+    for hook in _read_hooks:
+        hook()
 
 
 def add_sample(name: str, value: float) -> None:
@@ -58,22 +65,26 @@ def timed(name: str) -> Iterator[None]:
 
 
 def counter_names() -> list[str]:
+    _settle()
     return sorted(k for k, v in list(_counters.items()) if v)
 
 
 def counter_value(name: str) -> int | None:
     """The counter's value, or None if it never counted."""
+    _settle()
     v = _counters.get(name)
     return v if v else None
 
 
 def metric_names() -> list[str]:
+    _settle()
     with _metrics_lock:
         return sorted(_metrics)
 
 
 def metric_data(name: str) -> tuple[int, float, list[float]] | None:
     """(count, sum, recent samples) of a metric, in seconds for timings; None if never recorded."""
+    _settle()
     with _metrics_lock:
         m = _metrics.get(name)
         return None if m is None else (m[0], m[1], list(m[2]))
@@ -81,12 +92,14 @@ def metric_data(name: str) -> tuple[int, float, list[float]] | None:
 
 def compiles_by_shape() -> dict[str, int]:
     """Compiles per distinct set of graph-input shapes ("64x64,64" -> 1)."""
+    _settle()
     n = len(COMPILE_SHAPES_PREFIX)
     return {k[n:]: v for k, v in list(_counters.items()) if k.startswith(COMPILE_SHAPES_PREFIX) and v}
 
 
 def reset() -> None:
     """Forget all counters and metrics."""
+    _settle()
     _counters.clear()
     with _metrics_lock:
         _metrics.clear()
@@ -102,6 +115,7 @@ def _fmt_time(s: float) -> str:
 
 def report() -> str:
     """A human-readable summary of every metric and counter."""
+    _settle()
     lines = []
     with _metrics_lock:
         items = [(k, v[0], v[1], sorted(v[2])) for k, v in sorted(_metrics.items())]

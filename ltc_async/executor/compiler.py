@@ -1,17 +1,21 @@
-"""Compiling graphs off the caller's path (LTC's `ComputationCache` + compile step).
+"""Preparing graphs off the caller's path: post-order, key, cache lookup, compile.
 
-Design note.  `mark_step` must return in a small fraction of a compile, so it never compiles:
-under the device lock it only looks the graph key up.  The LRU `ComputationCache` maps a key
-to a *future* of the compiled `Computation`:
+Design note.  `mark_step` must return in a small fraction of a compile, even for a graph of
+thousands of nodes, so under the device lock it only swaps each synced tensor's IR for a
+placeholder (work proportional to the number of tensors, not of nodes).  Everything
+proportional to the graph runs here, on one FIFO compiler thread, as one *prepare* job per
+execution (IR nodes are immutable, so this is safe on any thread):
 
-* hit (compiled, or still compiling for an earlier step): `CachedCompile`, share that future;
-* miss: queue the compile on the compiler thread and cache its future at once, so a second
-  step with the same graph never compiles twice.
+1. `GraphPlan`: walk the roots in post-order, build the exact graph key and the runtime inputs;
+2. look the key up in the LRU `ComputationCache` (`CachedCompile`), or compile it
+   (`UncachedCompile`, `CompileTime`; `CompileReuse` when the backend already had the very
+   program for another key); a graph the backend cannot compile runs on the IR interpreter
+   (`CompileFallback`, with a warning naming where it was scheduled): the step still runs.
 
-The execution that needs the program is queued on its device right away and waits for the
-future on the device worker, in queue order.  A graph the backend cannot compile runs on the
-IR interpreter instead (`CompileFallback`, with a warning naming where it was scheduled): the
-step still runs, and the device is never poisoned.
+The execution, queued on its device at once, waits for its prepare job on the device worker,
+in queue order.  One thread means jobs finish in submission order and a cache entry always
+holds a finished program.  Reading metrics first waits for queued prepare jobs (`flush`), so
+compile counters are exact whenever they are read.
 """
 from __future__ import annotations
 
@@ -25,26 +29,66 @@ from typing import Any
 from .. import metrics
 from .._config import config
 from ..backend import Computation
+from ..ir.lint import lint
+from ..ir.node import DEVICE_DATA, Node, post_order
 from .futures import Worker
 from .interpreter import Interpreter
 
 
+class GraphPlan:
+    """A cut graph: post-order, exact key, and the runtime inputs in graph-input order.
+
+    The key lists every node's local key and the post-order positions of its operands: equal
+    keys, equal programs (a DAG hash alone cannot tell `a + a` from `a + b`)."""
+
+    __slots__ = ("order", "roots", "key", "inputs", "comp")
+
+    def __init__(self, roots: list[tuple[Node, int]]) -> None:
+        order = post_order([n for n, _ in roots])
+        pos = {id(n): i for i, n in enumerate(order)}
+        parts: list[Any] = []
+        inputs: list[Any] = []
+        for n in order:
+            if n.op is DEVICE_DATA:
+                parts.append(n.key)
+                inputs.append(n.data)
+            else:
+                parts.append((n.key, tuple([(pos[id(o)], i) for o, i in n.operands])))
+                if n.scalars:
+                    inputs.extend(n.scalars)
+        self.order = order
+        self.roots = roots
+        self.key = (tuple(parts), tuple([(pos[id(n)], i) for n, i in roots]))
+        self.inputs = inputs
+        self.comp: Computation | None = None
+
+    def input_shapes(self) -> str:
+        """The distinct shapes of the device-data inputs ("64x64,64"), for per-shape compile
+        counts: a loop whose last batch is smaller shows two entries, each compiled once."""
+        seen: dict[tuple, None] = {}
+        for n in self.order:
+            if n.op is DEVICE_DATA:
+                seen.setdefault(n.outputs[0].shape, None)
+        text = ",".join("x".join(map(str, s)) or "scalar" for s in seen)
+        return text if len(text) <= 160 else text[:157] + "..."
+
+
 class ComputationCache:
-    """LRU map graph key -> compiled `Computation` (or a future of one)."""
+    """LRU map graph key -> compiled `Computation` (LTC's `ComputationCache`)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._d: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._d: collections.OrderedDict[Any, Computation] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any) -> Computation | None:
         with self._lock:
             c = self._d.get(key)
             if c is not None:
                 self._d.move_to_end(key)
             return c
 
-    def put(self, key: Any, comp: Any) -> None:
+    def put(self, key: Any, comp: Computation) -> None:
         with self._lock:
             self._d[key] = comp
             self._d.move_to_end(key)
@@ -61,38 +105,54 @@ class ComputationCache:
 
 cache = ComputationCache(config.compile_cache_size)
 worker = Worker("ltc-compiler")
+_last: cf.Future | None = None   # the newest prepare job (what `flush` waits for)
 
 
-def computation_for(ctx: Any, plan: Any, label: str) -> "cf.Future[Computation]":
-    """The (future) compiled program of `plan` on `ctx`'s backend device; compiles on a miss."""
+def prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> "cf.Future[GraphPlan]":
+    """Queue the prepare job of the graph producing `roots` on `ctx` (see the module note)."""
+    global _last
+    fut: cf.Future = cf.Future()
+    _last = fut
+    return worker.submit(lambda: _prepare(ctx, roots, label), fut)
+
+
+def flush() -> None:
+    """Wait until every queued prepare job has finished (not on the compiler thread itself)."""
+    f = _last
+    if f is not None and not f.done() and not worker.on_worker:
+        cf.wait([f])
+
+
+def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
+    if config.ir_debug:
+        lint(roots)
+    plan = GraphPlan(roots)
     key = (str(ctx.backend_device), plan.key)
-    fut = cache.get(key)
-    if fut is not None:
+    comp = cache.get(key)
+    if comp is not None:
         metrics.counter("CachedCompile")
-        return fut
-    # Counted here, on the caller's thread, so the counter is exact when `mark_step` returns;
-    # the compiler thread turns it into `CompileReuse` if the backend reuses a program.
-    metrics.counter_exact("UncachedCompile")
-    metrics.counter(metrics.COMPILE_SHAPES_PREFIX + plan.input_shapes())
-    fut = cf.Future()
-    cache.put(key, fut)
-    order, roots = plan.order, plan.roots
-    worker.submit(lambda: _compile(ctx, order, roots, label), fut)
-    return fut
+    else:
+        metrics.counter(metrics.COMPILE_SHAPES_PREFIX + plan.input_shapes())
+        comp = _compile(ctx, plan, label)
+        cache.put(key, comp)
+    plan.comp = comp
+    return plan
 
 
-def _compile(ctx: Any, order: list, roots: list, label: str) -> Computation:
-    """Compiler thread: lower and compile, or fall back to the interpreter."""
+def _compile(ctx: Any, plan: GraphPlan, label: str) -> Computation:
     t0 = time.perf_counter()
     try:
-        comp = ctx.backend.compile(order, roots, ctx.backend_device)
-        if comp.reused_program:  # a new graph key, but the backend had this program already
-            metrics.counter_exact("UncachedCompile", -1)
-            metrics.counter_exact("CompileReuse")
+        comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+        # a new graph key, but the backend had this very program compiled already
+        metrics.counter("CompileReuse" if comp.reused_program else "UncachedCompile")
     except Exception as e:  # noqa: BLE001 - the step must still run: interpret it eagerly
+        metrics.counter("UncachedCompile")
         metrics.counter("CompileFallback")
         warnings.warn(f"ltc_async: {ctx.backend.name} could not compile the graph scheduled at "
                       f"{label} ({type(e).__name__}: {e}); running it with the IR interpreter")
-        comp = Interpreter(order, roots, ctx.backend_device)
+        comp = Interpreter(plan.order, plan.roots, ctx.backend_device)
     metrics.add_sample("CompileTime", time.perf_counter() - t0)
     return comp
+
+
+metrics.before_read(flush)

@@ -6,17 +6,15 @@ Design note.  Scheduling `tensors` on a set of devices (`mark_step`, `sync`, a r
    (a full queue waits for its oldest execution: blocking in `schedule`, awaiting in
    `schedule_async`; both share `_try_schedule`, which never blocks);
 2. under the devices' lockers (index order: LTC's `TensorCollectionBarrier`), per device: take
-   the tensors that still hold pending IR, dedupe their (node, output) values and walk the
-   graph in post-order; build the exact graph key (every node's local key and the post-order
-   positions of its operands: equal keys, equal programs, which a DAG hash alone does not
-   guarantee when the same data feeds several places); look the key up in the compile cache
-   (a miss queues the compile on the compiler thread, see `compiler.py`); give every synced
-   tensor a placeholder `BackendData` (output i of a new `Execution`) and rebind it to a
-   DEVICE_DATA node, so the next trace can consume the result before it exists; queue the
-   execution on the device and return.  Nothing here waits for a compile or for a device;
-3. the device worker waits for the compile (in queue order), resolves inputs (waiting only for
-   other devices' data: its own queue already ran everything before it), runs the program and
-   completes the execution with the outputs or the error.
+   the tensors that still hold pending IR and dedupe their (node, output) values; queue the
+   graph's prepare job (post-order, exact key, cache lookup or compile: `compiler.py`, on the
+   compiler thread) and the execution on the device; give every synced tensor a placeholder
+   `BackendData` (output i of the new `Execution`) and rebind it to a DEVICE_DATA node, so the
+   next trace can consume the result before it exists.  This costs time proportional to the
+   number of tensors synced, not to the size of the graph, and never waits for anything;
+3. the device worker waits for the prepare job (in queue order), resolves inputs (waiting only
+   for other devices' data: its own queue already ran everything before it), runs the program
+   and completes the execution with the outputs (or `Failed` values, see `_execute`).
 
 Errors.  Each failed execution is reported exactly once, by the first barrier that covers it,
 and what a barrier covers depends only on program order: `wait_device_ops` covers everything
@@ -32,47 +30,12 @@ from typing import Any, Sequence
 
 from .. import metrics
 from .._config import config
-from ..ir.lint import lint
-from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
+from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
 from . import compiler
-from .compiler import ComputationCache, cache  # noqa: F401 - re-exported for callers/tests
+from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
 from .device import DeviceContext, caller_location, lock_devices, raise_errors
 from .futures import BackendData, ComputationError, Execution, Failed, wait_all
 from .interpreter import Interpreter
-
-
-class GraphPlan:
-    """A cut graph: post-order, exact key, and the runtime inputs in graph-input order."""
-
-    __slots__ = ("order", "roots", "key", "inputs")
-
-    def __init__(self, roots: list[tuple[Node, int]]) -> None:
-        order = post_order([n for n, _ in roots])
-        pos = {id(n): i for i, n in enumerate(order)}
-        parts: list[Any] = []
-        inputs: list[Any] = []
-        for n in order:
-            if n.op is DEVICE_DATA:
-                parts.append(n.key)
-                inputs.append(n.data)
-            else:
-                parts.append((n.key, tuple([(pos[id(o)], i) for o, i in n.operands])))
-                if n.scalars:
-                    inputs.extend(n.scalars)
-        self.order = order
-        self.roots = roots
-        self.key = (tuple(parts), tuple([(pos[id(n)], i) for n, i in roots]))
-        self.inputs = inputs
-
-    def input_shapes(self) -> str:
-        """The distinct shapes of the device-data inputs ("64x64,64"), for per-shape compile
-        counts: a loop whose last batch is smaller shows two entries, each compiled once."""
-        seen: dict[tuple, None] = {}
-        for n in self.order:
-            if n.op is DEVICE_DATA:
-                seen.setdefault(n.outputs[0].shape, None)
-        text = ",".join("x".join(map(str, s)) or "scalar" for s in seen)
-        return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any], list[int]]:
@@ -191,11 +154,8 @@ def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
     # Tensors that became pending after the slot check (another thread traced into them) are
     # queued without a slot rather than blocking under the lock: the bound is exceeded by one.
     has_slot = has_slot or ctx.try_acquire_slot()
-    if config.ir_debug:
-        lint(roots)
-    plan = GraphPlan(roots)
-    program = compiler.computation_for(ctx, plan, label)
-    ex = ctx.submit(lambda e: _execute(ctx, program, plan, e), label, slot=has_slot)
+    prepared = compiler.prepare(ctx, roots, label)
+    ex = ctx.submit(lambda e: _execute(ctx, prepared, e), label, slot=has_slot)
     datas = [BackendData(ctx, n.outputs[i], future=ex, index=j) for j, (n, i) in enumerate(roots)]
     dnodes = [make_data_node(d, d.meta) for d in datas]
     for t, r in zip(pending, which):
@@ -206,18 +166,19 @@ def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
     return ex
 
 
-def _execute(ctx: DeviceContext, program: Any, plan: GraphPlan, ex: Execution) -> list[Any]:
-    """Device worker: wait for the program, resolve inputs, run.
+def _execute(ctx: DeviceContext, prepared: Any, ex: Execution) -> list[Any]:
+    """Device worker: wait for the prepared program (`compiler.prepare`), resolve inputs, run.
 
     If the program raises, or an input had failed, the graph runs again on the IR interpreter
     node by node (`execute_salvaging`): only the outputs that depend on the failing op or the
     failed input become `Failed`; every other output (an optimizer update beside a bad
     gather) gets its value, as eager would have computed it.  `ex.failure` then tells the
     device to record this execution's error for the next barrier."""
+    plan = prepared.result()
     values = [x.resolve() if type(x) is BackendData else x for x in plan.inputs]
     upstream = next((v for v in values if type(v) is Failed), None)
     if upstream is None:
-        comp = program.result()
+        comp = plan.comp
         t0 = time.perf_counter()
         try:
             outs = comp.execute(values)
