@@ -189,3 +189,50 @@ def test_failing_ops_leave_inputs_intact():
     (ly, lv), (ey, ev) = prog(DEV), prog("cpu")
     same(ly, ey)
     same(lv, ev)
+
+
+# -- 5. in-place writes through views whose elements share memory -----------------------------
+
+_ALIASED_WRITES = {
+    "expand.fill_": lambda x: x.expand(2, 4).fill_(3.0),
+    "expand.zero_": lambda x: x.unsqueeze(0).expand(3, 4).zero_(),
+    "expand_0d.fill_": lambda x: x[0].expand(4).fill_(5.0),
+    "expand.masked_fill_": lambda x: x.expand(2, 4).masked_fill_(torch.tensor([True, False, True, False]).to(x.device), 9.0),
+    "expand.setitem": lambda x: x.expand(2, 4).__setitem__((slice(None), 1), 7.0),
+    "expand.add_": lambda x: x.expand(2, 4).add_(1),
+    "expand.iadd": lambda x: x.expand(2, 4).__iadd__(1),
+    "expand.copy_": lambda x: x.expand(2, 4).copy_(torch.ones(4).to(x.device)),
+    "as_strided_overlap.add_": lambda x: x.as_strided((2, 2), (1, 1)).add_(1),
+    "as_strided_overlap.copy_": lambda x: x.as_strided((2, 2), (1, 1)).copy_(torch.arange(4.0).view(2, 2).to(x.device)),
+    "as_strided_of_view.add_": lambda x: x[1:].as_strided((2,), (2,)).add_(1),
+    "unfold.fill_": lambda x: x.unfold(0, 2, 1).fill_(1.0),
+    "unfold.mul_": lambda x: x.unfold(0, 2, 1).mul_(2.0),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Use of .* on expanded tensors is deprecated")
+@pytest.mark.parametrize("write", sorted(_ALIASED_WRITES))
+def test_inplace_write_through_aliasing_view_matches_eager(write):
+    def prog(d):
+        x = torch.arange(4.0, device=d)
+        keep = x[1:3]                        # another view of the base sees the write too
+        try:
+            _ALIASED_WRITES[write](x)
+            error = None
+        except RuntimeError as e:
+            error = str(e).split(".")[0]
+        return x, keep, error
+    ex, ekeep, eerr = prog("cpu")
+    lx, lkeep, lerr = prog(DEV)
+    assert lerr == eerr
+    same(lx, ex)
+    same(lkeep, ekeep)
+    same(lx + 1, ex + 1)                    # and the base stays usable
+
+
+def test_aliasing_write_with_autograd_raises_clearly():
+    w = torch.ones(4, device=DEV, requires_grad=True)
+    y = w * 2
+    with pytest.raises(RuntimeError, match="autograd"):
+        y.expand(2, 4).fill_(0.0)
+    torch.testing.assert_close(y.cpu(), torch.full((4,), 2.0))

@@ -8,7 +8,8 @@
 * results of user-level factory calls are wrapped for functionalization (see `lazy_tensor.py`);
 * `print(t)` copies to the host once instead of tracing the printing code's indexing ops;
 * in-place view ops (`t_`, `transpose_`, ...) check their arguments before functionalization
-  records them (see `_patch_inplace_views`);
+  records them (see `_patch_inplace_views`); in-place writes through views whose elements share
+  memory run with eager's aliasing (`overlap.py`);
 * backward passes over ltc tensors run in the calling thread (see `_patch_autograd_engine`).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..executor import arena
 from ..executor import graph_executor as gx
+from . import overlap
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, wrap
@@ -243,4 +245,5 @@ def register() -> None:
     _patch_printing()
     _patch_autograd_engine()
     _patch_inplace_views()
+    overlap.patch()
     _registered = True

@@ -37,9 +37,12 @@ aten = torch.ops.aten
 _SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
 _INT64 = 1 << 63              # eager takes ints up to 2**64 - 1 as Scalars; TorchScript's int is int64
 
-# Ops that read memory layout: always run eagerly on values restrided to eager's layout.
-_LAYOUT_DEPENDENT = {aten.as_strided_copy.default, aten.as_strided_scatter.default,
-                     aten.as_strided.default}
+# Ops that read memory layout: always run eagerly on values restrided to eager's layout, as
+# the op given here.  `as_strided_copy` runs as the view: its result keeps eager's strides
+# (overlapping ones too, which `overlap.py` looks for), and values are never written anyway.
+_LAYOUT_DEPENDENT = {aten.as_strided_copy.default: aten.as_strided.default,
+                     aten.as_strided_scatter.default: aten.as_strided_scatter.default,
+                     aten.as_strided.default: aten.as_strided.default}
 
 
 def _device_mismatch(a: DeviceContext, b: DeviceContext, op: str) -> RuntimeError:
@@ -156,7 +159,7 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
             res = shapes.FALLBACK
         shapes.remember(skey, res)
     if res is shapes.FALLBACK:
-        return eager_fallback(func, info, full, ctx)
+        return eager_fallback(_LAYOUT_DEPENDENT.get(func, func), info, full, ctx)
     metas, out_spec = res
     if info.identity:  # values are immutable: the output is the input's value ...
         node, i = operands[0]
