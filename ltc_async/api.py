@@ -150,9 +150,11 @@ class _StepClosures:
             errors, self._errors = self._errors, []
         if errors:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            err = errors[0]
-            raise RuntimeError(f"an asynchronous step closure failed: {type(err).__name__}: "
-                               f"{err}{more}") from err
+            first = errors[0]
+            err = RuntimeError(f"an asynchronous step closure failed: {type(first).__name__}: "
+                               f"{first}{more}")
+            err.errors = errors   # every failure, each reported once
+            raise err from first
 
 
 _closures = _StepClosures()

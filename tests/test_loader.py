@@ -72,3 +72,70 @@ async def test_async_iteration_with_a_busy_loop():
         torch.testing.assert_close(got, hx * 2)
     with trio.move_on_after(5):
         pass
+
+
+def test_exhausted_iterator_keeps_raising_stop_iteration():
+    it = iter(DeviceLoader(_batches(2), "ltc:0"))
+    assert len(list(it)) == 2
+    for _ in range(3):                       # no hang on a second next() after the end
+        with pytest.raises(StopIteration):
+            next(it)
+
+
+def _loader_threads() -> list:
+    import threading
+    return [t for t in threading.enumerate() if t.name == "ltc-device-loader" and t.is_alive()]
+
+
+def _endless():
+    i = 0
+    while True:
+        yield torch.full((2,), float(i))
+        i += 1
+
+
+def _wait_no_loader_threads(before: int, timeout: float = 10.0) -> None:
+    import gc
+    import time
+    deadline = time.monotonic() + timeout
+    while len(_loader_threads()) > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert len(_loader_threads()) == before, "a producer thread outlived its iterator"
+
+
+def test_abandoned_iterator_does_not_leak_its_thread():
+    before = len(_loader_threads())
+    for _ in range(5):
+        it = iter(DeviceLoader(_endless(), "ltc:0", prefetch=2))
+        next(it)
+        del it                               # abandoned mid-stream, producer blocked on room
+    _wait_no_loader_threads(before)
+
+
+def test_close_and_context_managers_stop_the_producer():
+    before = len(_loader_threads())
+    it = iter(DeviceLoader(_endless(), "ltc:0"))
+    assert next(it).cpu().tolist() == [0.0, 0.0]
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    with DeviceLoader(_endless(), "ltc:0") as loader:
+        for k, batch in enumerate(loader):
+            if k == 3:
+                assert batch.cpu().tolist() == [3.0, 3.0]
+                break
+    with iter(DeviceLoader(_endless(), "ltc:0")) as it2:
+        next(it2)
+    _wait_no_loader_threads(before)
+
+
+@pytest.mark.trio
+async def test_async_iteration_after_exhaustion_and_close():
+    it = DeviceLoader(_batches(2), "ltc:0").__aiter__()
+    got = [b async for b in it]
+    assert len(got) == 2
+    with pytest.raises(StopAsyncIteration):
+        await it.__anext__()
+    async with DeviceLoader(_endless(), "ltc:0").__aiter__() as endless:
+        assert (await endless.__anext__())[0].item() == 0.0
