@@ -25,6 +25,12 @@ def _holds_numbers(t: torch._C.JitType) -> bool:
     return isinstance(t, _NUM_TYPES)
 
 
+def _is_optional_tensor_list(t: torch._C.JitType) -> bool:
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), torch._C.OptionalType)
+
+
 def _arg_kind(t: torch._C.JitType) -> int:
     if isinstance(t, torch._C.TensorType):
         return TENSOR
@@ -57,7 +63,8 @@ class OpInfo:
 
     __slots__ = ("op", "name", "qualname", "counter", "identity", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded",
-                 "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin")
+                 "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin",
+                 "index_lists")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -81,6 +88,10 @@ class OpInfo:
         self.returns = tuple(rets)
         self.returns_only_tensors = bool(rets) and all(k in (TENSOR, TENSOR_LIST) for k in rets)
         self.is_factory = not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST) for k in self.kinds)
+        # `Tensor?[]` arguments are index lists (`index`, `index_put`), where host tensors are
+        # allowed beside device tensors, as on eager CUDA; `Tensor[]` ones (`cat`) must match
+        self.index_lists = frozenset(i for i, a in enumerate(schema.arguments)
+                                     if self.kinds[i] == TENSOR_LIST and _is_optional_tensor_list(a.type))
         self.has_generator = GENERATOR in self.kinds
         tags = op.tags
         self.seeded = torch.Tag.nondeterministic_seeded in tags

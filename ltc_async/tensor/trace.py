@@ -50,6 +50,12 @@ def _device_mismatch(a: DeviceContext, b: DeviceContext, op: str) -> RuntimeErro
                         f"devices, {a.device} and {b.device}! (when checking arguments for {op})")
 
 
+def _host_among_lazy(v: torch.Tensor, info: OpInfo) -> RuntimeError:
+    return RuntimeError(f"Expected all tensors to be on the same device, but found a {v.device} tensor of "
+                        f"shape {tuple(v.shape)} among ltc tensors (when checking arguments for "
+                        f"{info.name}); move it with .to('ltc:N')")
+
+
 def trace(func: Any, info: OpInfo, full: list) -> Any:
     """Record `func(*full)` as an IR node and return lazy tensors for its outputs."""
     operands: list[tuple[Node, int]] = []
@@ -82,9 +88,7 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                 template.append(None)
             elif isinstance(v, torch.Tensor):
                 if v.dim() != 0 and v.device.type != "ltc":
-                    raise RuntimeError(f"Expected all tensors to be on the same device, but found a "
-                                       f"{v.device} tensor of shape {tuple(v.shape)} among ltc tensors "
-                                       f"(when checking arguments for {info.name}); move it with .to('ltc:N')")
+                    raise _host_among_lazy(v, info)
                 uploads = uploads or []
                 uploads.append((len(template), None, v))
                 template.append(None)
@@ -122,6 +126,8 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                 elif e is None:
                     refs.append(None)
                 else:  # host tensors in index lists are allowed, as in eager CUDA
+                    if i not in info.index_lists:
+                        raise _host_among_lazy(e, info)
                     uploads = uploads or []
                     uploads.append((len(template), j, e))
                     refs.append(None)

@@ -1,0 +1,121 @@
+"""Bad input gives a clear error and leaves the device usable.
+
+* an error shape inference can see (a host index out of range, mismatched devices) raises at
+  the line that traced the op, like eager;
+* one only the values can tell (a lazy index tensor out of range, an allocation beyond memory)
+  raises when the result is read (`ltc.ComputationError`) or at the next barrier
+  (`ltc.ExecutionError`), once;
+* either way, later work on the device computes the right values.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ltc_async as ltc
+
+DEV = "ltc:0"
+
+
+def _device_still_works(dev: str = DEV) -> None:
+    ltc.wait_device_ops()
+    a = torch.arange(6.0).reshape(2, 3)
+    got = (a.to(dev) * 2 + 1).sum(0)
+    torch.testing.assert_close(got.cpu(), (a * 2 + 1).sum(0))
+    ltc.mark_step(wait=True)
+    torch.testing.assert_close((got + 0).cpu(), (a * 2 + 1).sum(0))
+
+
+def _fails_clearly(make, match: str) -> None:
+    """`make()` raises at the line, or its result raises when read: a clear error either way."""
+    with pytest.raises((IndexError, RuntimeError, ltc.ComputationError, ltc.ExecutionError), match=match):
+        out = make()
+        out.cpu()
+        ltc.wait_device_ops()
+    # the error is reported once: the next barrier is clean
+    ltc.wait_device_ops()
+    _device_still_works()
+
+
+_OOB = "out of (range|bounds)|index .* is out of|INDEX out of range|srcIndex < srcSelectDimSize|failed"
+
+
+@pytest.mark.parametrize("case", ["getitem_host", "getitem_lazy", "index_select", "gather", "embedding",
+                                  "scatter", "index_put", "index_add", "take"])
+def test_out_of_range_indices(case):
+    x = torch.arange(6.0).reshape(3, 2).to(DEV)
+    bad = torch.tensor([10])
+    makes = {
+        "getitem_host": lambda: x[bad],
+        "getitem_lazy": lambda: x[bad.to(DEV)],
+        "index_select": lambda: x.index_select(0, bad.to(DEV)),
+        "gather": lambda: x.gather(0, torch.tensor([[0, 7]]).to(DEV)),
+        "embedding": lambda: F.embedding(bad.to(DEV), x),
+        "scatter": lambda: x.scatter(0, torch.tensor([[5, 0]]).to(DEV), 1.0),
+        "index_put": lambda: x.index_put((bad.to(DEV),), torch.tensor(1.0).to(DEV)),
+        "index_add": lambda: x.index_add(0, bad.to(DEV), torch.ones(1, 2).to(DEV)),
+        "take": lambda: x.take(torch.tensor([100]).to(DEV)),
+    }
+    _fails_clearly(makes[case], _OOB)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0).reshape(3, 2))  # input intact
+
+
+def test_out_of_range_index_inside_a_bigger_step():
+    # the failing op sits among good ones: reading a good result of the same graph still works
+    x = torch.arange(6.0).to(DEV)
+    good = x * 3
+    bad = x.index_select(0, torch.tensor([99]).to(DEV))
+    ltc.mark_step()
+    with pytest.raises((ltc.ComputationError, ltc.ExecutionError)):
+        bad.cpu()
+        ltc.wait_device_ops()
+    ltc.wait_device_ops()
+    try:
+        torch.testing.assert_close(good.cpu(), torch.arange(6.0) * 3)
+    except (ltc.ComputationError, ltc.ExecutionError):
+        pass  # same graph as the failing op: an error is acceptable, a wrong value is not
+    _device_still_works()
+
+
+@pytest.mark.parametrize("other", ["ltc:1", "cpu"])
+def test_mixing_devices_raises_at_the_line(other):
+    a = torch.ones(3, device=DEV)
+    b = torch.ones(3).to(other)
+    with pytest.raises(RuntimeError, match="same device|Expected all tensors"):
+        a + b
+    with pytest.raises(RuntimeError, match="same device|Expected all tensors"):
+        torch.cat([a, b])
+    with pytest.raises(RuntimeError, match="same device|Expected all tensors"):
+        torch.stack([b, a])
+    with pytest.raises(RuntimeError, match="same device|Expected all tensors"):
+        a.index_select(0, torch.tensor([0]).to(other)) if other != "cpu" else a @ torch.ones(3, 2)
+    _device_still_works()
+    _device_still_works("ltc:1")
+
+
+def test_cpu_scalar_tensor_mixes_like_eager():
+    a = torch.arange(3.0, device=DEV)
+    torch.testing.assert_close((a * torch.tensor(2.0)).cpu(), torch.arange(3.0) * 2)
+
+
+def test_huge_allocation_fails_clearly_and_device_recovers():
+    def make():
+        e = torch.empty(1 << 40, device=DEV)
+        return e + 1
+    with pytest.raises((RuntimeError, ltc.ComputationError, ltc.ExecutionError),
+                       match="alloc|memory|bytes|DefaultCPUAllocator"):
+        make().cpu()
+        ltc.wait_device_ops()
+    ltc.wait_device_ops()
+    _device_still_works()
+
+
+def test_shape_errors_raise_at_the_line_and_leave_inputs_intact():
+    a = torch.ones(2, 3, device=DEV)
+    with pytest.raises(RuntimeError, match="size|shape|dim"):
+        a @ torch.ones(2, 3, device=DEV)
+    with pytest.raises(RuntimeError, match="size|shape"):
+        a.view(4)
+    torch.testing.assert_close(a.cpu(), torch.ones(2, 3))
+    _device_still_works()
