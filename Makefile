@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # unpinned install would pull a multi-GB CUDA build.  The package itself accepts a range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test bench conformance clean
+.PHONY: setup demo test bench conformance reliability clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,10 +27,19 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 	LTC_ASYNC_BACKEND=reference $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/test_training.py tests/test_aliasing.py tests/test_rng.py tests/test_async.py
+		tests/test_training.py tests/test_aliasing.py tests/test_rng.py tests/test_async.py \
+		tests/test_faults.py
 
 bench: setup
 	$(BIN)/python benchmarks/bench_lazy.py
+	$(BIN)/python benchmarks/bench_executor.py
+
+# The reliability suite at full length (CI runs the same tests with bounded lengths):
+# fault injection over 2000 steps, then the concurrency and shutdown tests three times.
+reliability: setup
+	LTC_FAULT_STEPS=2000 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_faults.py
+	for i in 1 2 3; do $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_concurrency.py tests/test_shutdown.py tests/test_loader.py || exit 1; done
 
 # Full op_db run on ltc and on torch._lazy (tens of minutes); summary lines go to
 # tests/CONFORMANCE.md, the generated op list to devices/torchscript/ops.yaml.
