@@ -335,3 +335,42 @@ def test_trio_tasks_interleave_on_two_devices_with_the_loop_ticking():
         _train(model, xs, ys, steps)
         for got, want in zip(results[tid], model.parameters()):
             torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("twin", ["mark_step", "wait_device_ops", "sync", "to_cpu", "closure"])
+def test_every_twin_keeps_the_loop_ticking(twin):
+    """Each twin awaited through a fresh compile and a slow execution: the heartbeat ticks."""
+    x = (torch.randn(384, 384) / 20).to("ltc:0")
+    n = heavy_steps(x, 0.15)
+    salt = {"mark_step": 1, "wait_device_ops": 2, "sync": 3, "to_cpu": 4, "closure": 5}[twin]
+
+    async def main() -> tuple[int, float]:
+        hb = Heartbeat()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hb.run)
+            await trio.sleep(0.005)
+            y = _fresh_chain(heavy(x, n), 40 + salt)     # new graph: compile + slow execution
+            t0 = time.perf_counter()
+            if twin == "mark_step":
+                await ltc.mark_step_async()
+                await ltc.mark_step_async()              # nothing new: returns at once
+                await ltc.wait_device_ops_async()
+            elif twin == "wait_device_ops":
+                await ltc.mark_step_async()
+                await ltc.wait_device_ops_async()
+            elif twin == "sync":
+                await ltc.sync_async([y])
+            elif twin == "to_cpu":
+                await ltc.to_cpu_async([y])
+            else:   # a synchronous step closure runs after its step, awaited
+                seen = []
+                ltc.add_step_closure(lambda: seen.append(True))
+                await ltc.mark_step_async()
+                assert seen == [True]
+            t1 = time.perf_counter()
+            nursery.cancel_scope.cancel()
+        return len([t for t in hb.ticks if t0 <= t <= t1]), t1 - t0
+
+    with watchdog(300):
+        ticks, took = trio.run(main)
+    assert took > 0.1 and ticks >= max(5, int(took / 0.005 * 0.3)), (ticks, took)
