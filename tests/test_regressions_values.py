@@ -236,3 +236,18 @@ def test_aliasing_write_with_autograd_raises_clearly():
     with pytest.raises(RuntimeError, match="autograd"):
         y.expand(2, 4).fill_(0.0)
     torch.testing.assert_close(y.cpu(), torch.full((4,), 2.0))
+
+
+def test_inplace_view_op_on_tensor_requiring_grad_raises_instead_of_wrong_gradient():
+    # autograd replays `b = a[0]` on `a`'s new layout after `a.t_()`: the gradient went to
+    # `a`'s first column; ltc refuses the in-place view op instead
+    w = torch.arange(4.0, device=DEV).view(2, 2).requires_grad_()
+    a = w * 1
+    b = a[0]
+    with pytest.raises(RuntimeError, match="in-place view op"):
+        a.t_()
+    (b * torch.tensor([1.0, 10.0], device=DEV)).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.tensor([[1.0, 10.0], [0.0, 0.0]]))
+    with torch.no_grad():                   # without autograd it is fine
+        a.t_()
+    torch.testing.assert_close(a.detach().cpu(), torch.arange(4.0).view(2, 2).t())

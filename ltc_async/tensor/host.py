@@ -45,11 +45,14 @@ def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
     """Device data for a host tensor (copied: later host writes do not leak in)."""
     if host.device.type == "ltc":  # a functional wrapper on another lazy device
         return transfer(unwrap(host), ctx)
-    meta = TensorMeta(tuple(host.shape), tuple(host.stride()), host.dtype)
     if host.dim() == 0:
-        return _upload_scalar(ctx, host, meta)
+        return _upload_scalar(ctx, host, TensorMeta((), (), host.dtype))
     metrics.counter("UploadTensor")
-    data = BackendData(ctx, meta, value=ctx.backend.upload(host, ctx.backend_device))
+    value = ctx.backend.upload(host, ctx.backend_device)
+    # the copy's own strides: dense for an expanded or strided host tensor, as `.to()` gives
+    stride = tuple(ctx.backend.to_torch(value).stride())
+    meta = TensorMeta(tuple(host.shape), stride, host.dtype)
+    data = BackendData(ctx, meta, value=value)
     return make_tensor(ctx, make_data_node(data, meta), 0, meta)
 
 

@@ -1,24 +1,36 @@
-"""In-place writes through views whose elements alias each other: eager's semantics, on the host.
+"""In-place ops that PyTorch's functionalization would get wrong on ltc tensors.
 
-Design note.  Functionalization turns `v.op_()` on a view `v` into `op` on `v`'s value plus a
-scatter of the result back into the base through the inverse of each view in `v`'s chain.  That
-is exact when the elements of `v` are distinct elements of the base.  When several elements of
-`v` alias one element (`x.expand(2, 4)`, an overlapping `as_strided` or `unfold`), eager writes
-them in turn to the same memory (or rejects the op: "more than one element of the written-to
-tensor refers to a single memory location"), while the inverses give other values (`expand`'s
-sums the changes of all aliases).  Such writes therefore run here instead:
+Design note.  Functionalization turns `v.op_()` into the functional `op` plus bookkeeping in the
+`FunctionalTensorWrapper`, and our dispatcher only ever sees the functional op.  Three kinds of
+in-place call need a look before that, at the Python entry points (the in-place Tensor methods,
+their `torch.*_` twins, augmented assignment, `__setitem__`); each check costs a few attribute
+reads on ltc tensors and one type test on others.
 
-1. the written tensor's view chain is replayed as real views on a host copy of its base
-   (functionalization's own `ViewMeta`s, switched to reapply views), so the aliasing is eager's;
-2. the op runs there eagerly: eager's values, eager's errors, raised at the user's line;
-3. the base takes the host result (a copy, so every other view of it sees the write).
-
-Writes through an `as_strided` view of a view, which functionalization refuses (its inverse is
-not compositional), take the same path.
-
-Detection is by strides (`aliasing`), cheap enough to run on every in-place call on an ltc view;
-the patched entry points are the in-place Tensor methods, their `torch.*_` twins, augmented
-assignment and `__setitem__`.  Autograd through such writes is not supported: it raises.
+1. **Writes whose result type cannot be cast back** (`int_t.mul_(1.5)`): functionalization casts
+   the functional result into the target silently; eager raises "result type Float can't be cast
+   to the desired output type Long".  When the target is integral/bool or an argument is
+   complex, the functional op's result dtype is computed on `meta` and checked first.
+2. **Writes through views whose elements alias each other** (`x.expand(2, 4)`, an overlapping
+   `as_strided` or `unfold`), **or that read an argument sharing the target's storage**
+   (`x[1:].copy_(x[:-1])`): functionalization scatters the view's new value back through the
+   inverse of each view (`expand`'s sums the changes of all aliases), while eager writes the
+   aliases in turn to the same memory or rejects the op ("more than one element of the
+   written-to tensor refers to a single memory location"), and reads aliased inputs while it
+   writes.  These run on the host with eager's own aliasing: the view chains of the target and
+   of the aliased arguments are replayed as real views on one host copy of the base
+   (functionalization's `ViewMeta`s switched to reapply views), the op runs there (eager's values,
+   eager's errors, at the user's line) and the base takes the result by a copy, so every other
+   view sees it.  Writes through an `as_strided` view of a view, which functionalization refuses
+   (that inverse is not compositional), take the same path.  Autograd cannot follow them: an
+   aliasing view then raises, an aliased argument keeps the functional semantics.
+3. **In-place view ops** (`t_`, `unsqueeze_`, ...): functionalization appends the view to the
+   tensor's view chain *before* running it (it checks on `meta` first only for XLA and Lazy
+   devices), so a failing `y.t_()` left every later read of `y` replaying it.  The same call
+   on a probe raises eager's error first: a CPU tensor of `y`'s shape without memory (expanded)
+   for the ops that check dims, a `meta` tensor of `y`'s layout for `as_strided_` (storage
+   bounds).  On tensors that require grad they raise: autograd regenerates the grad_fn of views
+   taken earlier by replaying them on the base's new layout (`b = a[0]; a.t_()` made `b`'s
+   gradient flow to `a`'s first column), and whether such views exist cannot be told.
 """
 from __future__ import annotations
 
@@ -30,7 +42,58 @@ _F = torch._C._functionalization
 _is_functional = torch._is_functional_tensor
 _AUGMENTED = ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__")
+_VIEW_OPS = ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_")
+_META = torch.device("meta")
 
+
+# -- 1. result types ----------------------------------------------------------------------------
+
+def type_name(dtype: torch.dtype) -> str:
+    """PyTorch's ScalarType name (`Float`, `Long`, ...), as eager's error messages spell it."""
+    return _SCALAR_NAMES.get(dtype, str(dtype))
+
+
+_SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                 torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                 torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+                 torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def _may_widen(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    if not (self.dtype.is_floating_point or self.dtype.is_complex):
+        return True
+    return any(isinstance(v, complex) or (isinstance(v, torch.Tensor) and v.dtype.is_complex)
+               for v in (*args, *kwargs.values()))
+
+
+def _meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=_META)
+    return v
+
+
+def check_result_type(name: str, self: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    """Raise eager's error if the functional twin of in-place `name` gives a dtype that cannot
+    be cast to `self`'s."""
+    if name.startswith("__i"):  # augmented assignment: `__iadd__` -> `__add__`
+        name = "__" + name[3:]
+    elif name.endswith("_"):
+        name = name[:-1]
+    else:
+        return
+    functional = getattr(torch.Tensor, name, None)
+    if functional is None:
+        return
+    try:
+        out = functional(_meta(self), *map(_meta, args), **{k: _meta(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - the op itself will raise its own error
+        return
+    if isinstance(out, torch.Tensor) and not torch.can_cast(out.dtype, self.dtype):
+        raise RuntimeError(f"result type {type_name(out.dtype)} can't be cast to the desired output "
+                           f"type {type_name(self.dtype)}")
+
+
+# -- 2. writes through aliasing views -----------------------------------------------------------
 
 def aliasing(t: torch.Tensor) -> bool:
     """May two elements of the view `t` share memory?  (Exact for zero strides, conservative
@@ -46,17 +109,13 @@ def aliasing(t: torch.Tensor) -> bool:
     return False
 
 
-def _needs_host(t: Any) -> bool:
-    return (type(t) is torch.Tensor and _is_functional(t) and t._is_view() and t.device.type == "ltc"
-            and aliasing(t))
+def _root(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage a view shares (autograd's view base), or `t` itself."""
+    return t._base if t._is_view() else t
 
 
-def _to_host(v: Any) -> Any:
-    if isinstance(v, torch.Tensor) and v.device.type == "ltc":
-        return v.detach().cpu()
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_host(e) for e in v)
-    return v
+def _shares_root(v: Any, self: torch.Tensor, root: torch.Tensor) -> bool:
+    return v is not self and _lazy(v) and _root(v) is root
 
 
 def _any_requires_grad(v: Any) -> bool:
@@ -67,49 +126,127 @@ def _any_requires_grad(v: Any) -> bool:
     return False
 
 
-def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    """`write(view, *args, **kwargs)` with eager's aliasing (see the module docstring)."""
-    if torch.is_grad_enabled() and (view.requires_grad or _any_requires_grad(args)
-                                    or _any_requires_grad(list(kwargs.values()))):
-        raise RuntimeError("ltc_async: an in-place write through a view whose elements share memory "
-                           "(expand, overlapping as_strided/unfold) cannot be recorded for autograd on "
-                           "ltc devices; write through .clone() or under torch.no_grad()")
-    base = view._base
-    host_base = base.detach().cpu()  # eager's layout (see special._to_copy)
-    chain = [_as_view(m) for m in _F.get_view_meta_sequence(view)]
-    host_view = _F.apply_view_meta_sequence(host_base, chain)
-    write(host_view, *_to_host(args), **{k: _to_host(v) for k, v in kwargs.items()})
-    with torch.no_grad():
-        base.copy_(host_base)
-
-
 def _as_view(meta: Any) -> Any:
-    """The same `ViewMeta` with reapply_views on (its state's 2nd field): it then makes a
-    real view where functionalization made a `_copy`."""
-    state = meta.as_tuple()
-    return type(meta)((state[0], True) + state[2:])
+    """The same `ViewMeta` with reapply_views on: it then makes a real view where
+    functionalization made a `_copy`.  Its state is (has_symbolic_inputs, [out_index of a
+    multi-output view,] reapply_views, inverse_return_mode, op args...)."""
+    state = list(meta.as_tuple())
+    mode = next(i for i, v in enumerate(state) if isinstance(v, _F.InverseReturnMode))
+    state[mode - 1] = True
+    return type(meta)(tuple(state))
 
 
-def _checked(original: Callable[..., Any]) -> Callable[..., Any]:
+def _recorded(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Will autograd record this write?  (Then it cannot run on the host.)"""
+    return torch.is_grad_enabled() and (self.requires_grad or _any_requires_grad(args)
+                                        or _any_requires_grad(list(kwargs.values())))
+
+
+def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """`write(view, *args, **kwargs)` with eager's aliasing (see the module docstring): `view`
+    and the arguments sharing its storage become real views of one host copy of the base."""
+    if _recorded(view, args, kwargs):
+        raise RuntimeError("ltc_async: an in-place write through a view whose elements share memory "
+                           "(expand, overlapping as_strided/unfold) "
+                           "cannot be recorded for autograd on ltc devices; write through .clone() or "
+                           "under torch.no_grad()")
+    root = _root(view)
+    host_base = root.detach().cpu()  # eager's layout (see special._to_copy)
+
+    def host(v: Any) -> Any:
+        if v is view or _shares_root(v, view, root):
+            chain = [_as_view(m) for m in _F.get_view_meta_sequence(v)]
+            return _F.apply_view_meta_sequence(host_base, chain)
+        if isinstance(v, torch.Tensor) and v.device.type == "ltc":
+            return v.detach().cpu()
+        if isinstance(v, (list, tuple)):
+            return type(v)(host(e) for e in v)
+        return v
+    write(host(view), *host(args), **{k: host(v) for k, v in kwargs.items()})
+    with torch.no_grad():
+        root.copy_(host_base)
+
+
+# -- the entry points ---------------------------------------------------------------------------
+
+def _lazy(t: Any) -> bool:
+    return type(t) is torch.Tensor and _is_functional(t) and t.device.type == "ltc"
+
+
+def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Does another argument share memory with `self` (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`)?
+    Eager reads such inputs while it writes (or rejects a partial overlap); the functional op
+    reads them before.  Views of one base whose memory ranges are disjoint (`chunk`s) are fine."""
+    root = _root(self)
+    others = [v for v in (*args, *kwargs.values()) if _shares_root(v, self, root)]
+    if not others:
+        return False
+    base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
+    span = _memory_range(self, base)
+    return any(_meets(span, _memory_range(v, base)) for v in others)
+
+
+def _memory_range(v: torch.Tensor, base: torch.Tensor) -> tuple[int, int]:
+    """First and last storage element of the view `v` (replayed on a meta `base`)."""
+    view = _F.apply_view_meta_sequence(base, [_as_view(m) for m in _F.get_view_meta_sequence(v)])
+    lo = hi = view.storage_offset()
+    for size, stride in zip(view.shape, view.stride()):
+        if size == 0:
+            return (0, -1)
+        (lo, hi) = (lo + stride * (size - 1), hi) if stride < 0 else (lo, hi + stride * (size - 1))
+    return lo, hi
+
+
+def _meets(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= a[1] and b[0] <= b[1] and a[0] <= b[1] and b[0] <= a[1]
+
+
+def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
+    name = original.__name__
+
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _needs_host(self):
+        if not _lazy(self):
+            return original(self, *args, **kwargs)
+        if _may_widen(self, args, kwargs):
+            check_result_type(name, self, args, kwargs)
+        if (self._is_view() and aliasing(self)) or (_aliased_argument(self, args, kwargs)
+                                                    and not _recorded(self, args, kwargs)):
             write_on_host(self, original, args, kwargs)
             return self
         try:
             return original(self, *args, **kwargs)
         except RuntimeError as e:
-            # functionalization refuses writes through `as_strided` views of views (their
-            # inverse is not compositional); the base is still intact, so run it on the host
-            if "as_strided() is non-compositional" not in str(e) or not _is_functional(self):
+            # functionalization refuses writes through `as_strided` views of views; the base is
+            # still intact, so the write runs on the host
+            if "as_strided() is non-compositional" not in str(e):
                 raise
             write_on_host(self, original, args, kwargs)
             return self
+    method.__name__ = name
+    method.__doc__ = original.__doc__
+    return method
+
+
+def _checked_view(original: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _lazy(self):
+            if torch.is_grad_enabled() and self.requires_grad:
+                raise RuntimeError(
+                    f"ltc_async: in-place view op {original.__name__} on a tensor that requires grad is "
+                    f"not supported on ltc devices (autograd would replay its earlier views on the new "
+                    f"layout: wrong gradients); use the out-of-place view, e.g. `y = y.t()`")
+            if original.__name__ == "as_strided_":
+                probe = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=_META)
+            else:
+                probe = torch.empty((), dtype=self.dtype).expand(self.shape)
+            original(probe, *args, **kwargs)
+        return original(self, *args, **kwargs)
     method.__name__ = original.__name__
     method.__doc__ = original.__doc__
     return method
 
 
-def _inplace_names() -> list[str]:
+def _write_names() -> list[str]:
     """Tensor methods that write their `self` in place (by the aten schema), views excluded."""
     names = []
     for name in dir(torch.Tensor):
@@ -129,9 +266,11 @@ def _inplace_names() -> list[str]:
 
 
 def patch() -> None:
-    for name in _inplace_names():
-        setattr(torch.Tensor, name, _checked(getattr(torch.Tensor, name)))
-        if callable(getattr(torch, name, None)):
-            setattr(torch, name, _checked(getattr(torch, name)))
+    """Install the checks on torch's in-place entry points (once, from `registration`)."""
+    for names, wrap in ((_write_names(), _checked_write), (_VIEW_OPS, _checked_view)):
+        for name in names:
+            setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
+            if callable(getattr(torch, name, None)):
+                setattr(torch, name, wrap(getattr(torch, name)))
     for name in _AUGMENTED + ("__setitem__",):
-        setattr(torch.Tensor, name, _checked(getattr(torch.Tensor, name)))
+        setattr(torch.Tensor, name, _checked_write(getattr(torch.Tensor, name)))

@@ -7,9 +7,9 @@
   else reaches `LtcTensor.__torch_dispatch__` through the Python key;
 * results of user-level factory calls are wrapped for functionalization (see `lazy_tensor.py`);
 * `print(t)` copies to the host once instead of tracing the printing code's indexing ops;
-* in-place view ops (`t_`, `transpose_`, ...) check their arguments before functionalization
-  records them (see `_patch_inplace_views`); in-place writes through views whose elements share
-  memory run with eager's aliasing (`overlap.py`);
+* in-place ops that functionalization would get wrong (result types that cannot be cast back,
+  writes through views whose elements share memory, failing in-place view ops) are checked at
+  their Python entry points (`inplace.py`);
 * backward passes over ltc tensors run in the calling thread (see `_patch_autograd_engine`).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..executor import arena
 from ..executor import graph_executor as gx
-from . import overlap
+from . import inplace
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, wrap
@@ -193,37 +193,6 @@ def _patch_autograd_engine() -> None:
     autograd._engine_run_backward = _engine_run_backward
 
 
-# In-place view ops as Python methods / functions, whose failure would otherwise be recorded.
-_INPLACE_VIEWS = ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_")
-
-
-def _patch_inplace_views() -> None:
-    """Make a failing in-place view op on an ltc tensor leave it intact, as eager does.
-
-    Functionalization appends the view to the tensor's view chain *before* running it (it
-    checks on `meta` first only for XLA and Lazy devices), so `y.t_()` on a 3-d tensor raised
-    but every later read of `y` replayed the failing view.  The same call on a probe raises
-    eager's error first: a CPU tensor of `y`'s shape and no memory (expanded) for the ops that
-    check dims, a `meta` tensor of `y`'s layout for `as_strided_`, which checks storage bounds.
-    """
-    def checked(original: Any) -> Any:
-        def method(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if type(self) is torch.Tensor and self.device.type == "ltc":
-                if original.__name__ == "as_strided_":
-                    probe = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
-                else:
-                    probe = torch.empty((), dtype=self.dtype).expand(self.shape)
-                original(probe, *args, **kwargs)
-            return original(self, *args, **kwargs)
-        method.__name__ = original.__name__
-        method.__doc__ = original.__doc__
-        return method
-    for name in _INPLACE_VIEWS:
-        setattr(torch.Tensor, name, checked(getattr(torch.Tensor, name)))
-        if hasattr(torch, name):
-            setattr(torch, name, checked(getattr(torch, name)))
-
-
 def register() -> None:
     global _registered, _lib
     if _registered:
@@ -244,6 +213,5 @@ def register() -> None:
     _libs.append(_ops_lib)
     _patch_printing()
     _patch_autograd_engine()
-    _patch_inplace_views()
-    overlap.patch()
+    inplace.patch()
     _registered = True

@@ -24,6 +24,7 @@ from ..executor import arena
 from ..executor import graph_executor as gx
 from ..ir.schema import op_info
 from .host import eager_layout, transfer, upload
+from .inplace import type_name
 from .lazy_tensor import LtcTensor, make_tensor, wrap
 from .trace import trace
 
@@ -49,6 +50,12 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     # the cast `FunctionalTensorWrapper::replace_` makes of an in-place op's result whose dtype
     # differs from its target's (`f32.add_(f64)`): it stores the result inside the wrapper.
     keep_bare = _casts_inplace_result(kwargs)
+    if keep_bare and not torch.can_cast(x.dtype, kwargs["dtype"]):
+        # eager rejects such a write; the checks in `inplace.py` raise before functionalization
+        # gets here for the Python entry points, this is the safety net for the others (`out=`)
+        # (the target has taken the uncast result by then: an error, not a wrong value)
+        raise RuntimeError(f"result type {type_name(x.dtype)} can't be cast to the desired output "
+                           f"type {type_name(kwargs['dtype'])}")
     if device is not None and arena.get(device) is not x._ctx:
         x = transfer(x, arena.get(device))
     kwargs = dict(kwargs)

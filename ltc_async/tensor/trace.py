@@ -39,7 +39,7 @@ _INT64 = 1 << 63              # eager takes ints up to 2**64 - 1 as Scalars; Tor
 
 # Ops that read memory layout: always run eagerly on values restrided to eager's layout, as
 # the op given here.  `as_strided_copy` runs as the view: its result keeps eager's strides
-# (overlapping ones too, which `overlap.py` looks for), and values are never written anyway.
+# (overlapping ones too, which `inplace.py` looks for), and values are never written anyway.
 _LAYOUT_DEPENDENT = {aten.as_strided_copy.default: aten.as_strided.default,
                      aten.as_strided_scatter.default: aten.as_strided_scatter.default,
                      aten.as_strided.default: aten.as_strided.default}
