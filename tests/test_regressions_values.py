@@ -251,3 +251,57 @@ def test_inplace_view_op_on_tensor_requiring_grad_raises_instead_of_wrong_gradie
     with torch.no_grad():                   # without autograd it is fine
         a.t_()
     torch.testing.assert_close(a.detach().cpu(), torch.arange(4.0).view(2, 2).t())
+
+
+# -- 6. found by the fuzzer ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["mul_float", "imul_float", "add_float_tensor", "bool_add_int", "div_",
+                                  "clamp_float", "float_add_complex"])
+def test_inplace_result_that_cannot_be_cast_back_raises_like_eager(case):
+    calls = {"mul_float": lambda x, d: x.mul_(1.0), "imul_float": lambda x, d: x.__imul__(1.5),
+             "add_float_tensor": lambda x, d: x.add_(torch.ones(3, device=d)),
+             "bool_add_int": lambda x, d: x.bool().add_(1), "div_": lambda x, d: x.div_(2),
+             "clamp_float": lambda x, d: x.clamp_(min=0.5),
+             "float_add_complex": lambda x, d: x.float().add_(1j)}
+
+    def prog(d):
+        x = torch.arange(3, device=d)
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type") as info:
+            calls[case](x, d)
+        return x * 2, str(info.value)
+    (lx, lmsg), (ex, emsg) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    assert lmsg.split(" type ")[1] == emsg.split(" type ")[1]   # names the same result type
+
+
+@pytest.mark.parametrize("case", ["shift_copy", "add_transposed", "add_own_row", "disjoint_chunks",
+                                  "full_alias", "index_put_from_slice"])
+def test_inplace_write_reading_an_aliased_argument_matches_eager(case):
+    calls = {"shift_copy": lambda x: x[1:].copy_(x[:-1]),
+             "add_transposed": lambda x: x.view(2, 2).add_(x.view(2, 2).t()),
+             "add_own_row": lambda x: x.view(2, 2).add_(x.view(2, 2)[0]),
+             "disjoint_chunks": lambda x: x.chunk(2)[1].add_(x.chunk(2)[0]),
+             "full_alias": lambda x: x.add_(x.view(2, 2).view(4)),
+             "index_put_from_slice": lambda x: x.index_put_((torch.tensor([0, 1]).to(x.device),), x[2:])}
+
+    def prog(d):
+        x = torch.arange(4.0, device=d)
+        try:
+            calls[case](x)
+            err = None
+        except RuntimeError as e:
+            err = str(e)[:60]
+        return x, err
+    (lx, lerr), (ex, eerr) = prog(DEV), prog("cpu")
+    assert lerr == eerr
+    same(lx, ex)
+
+
+@pytest.mark.parametrize("layout", ["expanded", "sliced", "transposed"])
+def test_upload_takes_the_strides_of_the_device_copy(layout):
+    base = torch.arange(12.0).reshape(3, 4)
+    host = {"expanded": base[:1].expand(3, 4), "sliced": base[:, ::2], "transposed": base.t()}[layout]
+    lazy = host.to(DEV)
+    assert lazy.stride() == host.clone().stride()        # what `.to(device)` gives in eager
+    lazy.add_(1)                                          # a dense copy: writes do not alias
+    same(lazy, host + 1)
