@@ -67,6 +67,7 @@ class DeviceContext:
         self.device = torch.device("ltc", index)
         self.backend = backend
         self.backend_device = backend_device
+        self.threads = threads          # intra-op threads of the worker (CPU devices)
         self.lock = threading.RLock()  # re-entrant: a barrier may hold it around a sync
         self.worker = Worker(f"ltc:{index}-worker",
                              lambda: backend.worker_init(backend_device, threads))
