@@ -305,3 +305,23 @@ def test_upload_takes_the_strides_of_the_device_copy(layout):
     assert lazy.stride() == host.clone().stride()        # what `.to(device)` gives in eager
     lazy.add_(1)                                          # a dense copy: writes do not alias
     same(lazy, host + 1)
+
+
+@pytest.mark.filterwarnings("ignore:Use of .* on expanded tensors is deprecated")
+def test_aliasing_write_through_a_detached_alias_reaches_the_base():
+    def prog(d):
+        t = torch.tensor([[1.0, 2.0]], device=d, requires_grad=True)
+        e = t.detach().expand(3, 2)     # detach() aliases t's storage without an autograd base
+        e.masked_fill_(torch.tensor([[True, False]] * 3).to(d), 3.0)
+        return t.detach(), e
+    (lt, le), (et, ee) = prog(DEV), prog("cpu")
+    same(lt, et)
+    same(le, ee)
+
+
+def test_aliasing_write_through_a_detached_view_raises_clearly():
+    t = torch.tensor([[1.0, 2.0]], device=DEV)
+    v = t.expand(3, 2).detach()         # no way back to `t` from here on ltc
+    with pytest.raises(RuntimeError, match="clone"):
+        v.fill_(3.0)
+    same(t, torch.tensor([[1.0, 2.0]]))  # nothing half-written

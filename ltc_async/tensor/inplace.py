@@ -109,13 +109,26 @@ def aliasing(t: torch.Tensor) -> bool:
     return False
 
 
-def _root(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose storage a view shares (autograd's view base), or `t` itself."""
-    return t._base if t._is_view() else t
+def _storage(t: torch.Tensor) -> int:
+    """Identity of the functional storage all aliases of a tensor share (views, `detach()`)."""
+    return t.untyped_storage()._cdata
 
 
-def _shares_root(v: Any, self: torch.Tensor, root: torch.Tensor) -> bool:
-    return v is not self and _lazy(v) and _root(v) is root
+def _alias_of(v: Any, self: torch.Tensor, storage: int) -> bool:
+    return v is not self and _lazy(v) and _storage(v) == storage
+
+
+_IDENTITY_VIEWS = (_F.detach_ViewMeta, _F.alias_ViewMeta, _F.lift_fresh_ViewMeta)
+
+
+def _base_of(t: torch.Tensor) -> torch.Tensor | None:
+    """A tensor holding its storage's whole base value: `t` or autograd's base, if its view
+    chain is empty or only aliases (`detach()`).  (A `detach()` of a narrower view aliases the
+    storage without leading to the base: none then.)"""
+    for c in (t, t._base):
+        if c is not None and all(type(m) in _IDENTITY_VIEWS for m in _F.get_view_meta_sequence(c)):
+            return c
+    return None
 
 
 def _any_requires_grad(v: Any) -> bool:
@@ -150,11 +163,16 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
                            "(expand, overlapping as_strided/unfold) "
                            "cannot be recorded for autograd on ltc devices; write through .clone() or "
                            "under torch.no_grad()")
-    root = _root(view)
+    root = _base_of(view)
+    if root is None:
+        raise RuntimeError("ltc_async: this in-place write needs eager's memory aliasing, but the written "
+                           "tensor (a detach() of a view) does not lead to its base on ltc devices; "
+                           "write through .clone(), or through a view of the base itself")
     host_base = root.detach().cpu()  # eager's layout (see special._to_copy)
+    storage = _storage(view)
 
     def host(v: Any) -> Any:
-        if v is view or _shares_root(v, view, root):
+        if v is view or _alias_of(v, view, storage):
             chain = [_as_view(m) for m in _F.get_view_meta_sequence(v)]
             return _F.apply_view_meta_sequence(host_base, chain)
         if isinstance(v, torch.Tensor) and v.device.type == "ltc":
@@ -177,10 +195,13 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     """Does another argument share memory with `self` (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`)?
     Eager reads such inputs while it writes (or rejects a partial overlap); the functional op
     reads them before.  Views of one base whose memory ranges are disjoint (`chunk`s) are fine."""
-    root = _root(self)
-    others = [v for v in (*args, *kwargs.values()) if _shares_root(v, self, root)]
+    storage = _storage(self)
+    others = [v for v in (*args, *kwargs.values()) if _alias_of(v, self, storage)]
     if not others:
         return False
+    root = _base_of(self)
+    if root is None:
+        return True  # cannot tell: the host path says why it cannot run
     base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
     span = _memory_range(self, base)
     return any(_meets(span, _memory_range(v, base)) for v in others)
@@ -209,8 +230,8 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         if _may_widen(self, args, kwargs):
             check_result_type(name, self, args, kwargs)
-        if (self._is_view() and aliasing(self)) or (_aliased_argument(self, args, kwargs)
-                                                    and not _recorded(self, args, kwargs)):
+        if (aliasing(self) and _F.get_view_meta_sequence(self)) or (
+                _aliased_argument(self, args, kwargs) and not _recorded(self, args, kwargs)):
             write_on_host(self, original, args, kwargs)
             return self
         try:
