@@ -325,3 +325,17 @@ def test_aliasing_write_through_a_detached_view_raises_clearly():
     with pytest.raises(RuntimeError, match="clone"):
         v.fill_(3.0)
     same(t, torch.tensor([[1.0, 2.0]]))  # nothing half-written
+
+
+def test_aliasing_write_after_an_inplace_transpose_of_the_base():
+    # found by the fuzzer: after `x.t_()` the base itself carries a view (t_) of its storage
+    def prog(d):
+        x = torch.arange(6.0, device=d).reshape(2, 3)
+        x.t_()
+        s = x.as_strided((2,), (2,))
+        s.add_(10)
+        x[:, :1].expand(3, 2).fill_(-1.0)
+        return x, s
+    (lx, ls), (ex, es) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    same(ls, es)

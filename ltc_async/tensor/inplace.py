@@ -118,16 +118,33 @@ def _alias_of(v: Any, self: torch.Tensor, storage: int) -> bool:
     return v is not self and _lazy(v) and _storage(v) == storage
 
 
-_IDENTITY_VIEWS = (_F.detach_ViewMeta, _F.alias_ViewMeta, _F.lift_fresh_ViewMeta)
+# views that keep every element of their input, each once: a tensor made only of these holds
+# its storage's whole base value
+_WHOLE_VIEWS = tuple(getattr(_F, n) for n in (
+    "detach_ViewMeta", "alias_ViewMeta", "lift_fresh_ViewMeta", "t_ViewMeta", "t__ViewMeta",
+    "transpose_int_ViewMeta", "transpose__ViewMeta", "permute_ViewMeta", "view_ViewMeta",
+    "_reshape_alias_ViewMeta", "_unsafe_view_ViewMeta", "squeeze_ViewMeta", "squeeze_dim_ViewMeta",
+    "squeeze_dims_ViewMeta", "squeeze__ViewMeta", "squeeze__dim_ViewMeta", "squeeze__dims_ViewMeta",
+    "unsqueeze_ViewMeta", "unsqueeze__ViewMeta"))
 
 
-def _base_of(t: torch.Tensor) -> torch.Tensor | None:
-    """A tensor holding its storage's whole base value: `t` or autograd's base, if its view
-    chain is empty or only aliases (`detach()`).  (A `detach()` of a narrower view aliases the
-    storage without leading to the base: none then.)"""
+def _chain(t: torch.Tensor) -> list:
+    return _F.get_view_meta_sequence(t)
+
+
+def _same_views(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(type(x) is type(y) and x.as_tuple() == y.as_tuple() for x, y in zip(a, b))
+
+
+def _base_of(t: torch.Tensor) -> tuple[torch.Tensor, list] | None:
+    """A tensor holding its storage's whole base value (`t` or autograd's base, if its view
+    chain only permutes or aliases), with that chain.  (A `detach()` of a narrower view aliases
+    the storage without leading to the base: none then.)"""
     for c in (t, t._base):
-        if c is not None and all(type(m) in _IDENTITY_VIEWS for m in _F.get_view_meta_sequence(c)):
-            return c
+        if c is not None:
+            chain = _chain(c)
+            if all(type(m) in _WHOLE_VIEWS for m in chain):
+                return c, chain
     return None
 
 
@@ -163,18 +180,19 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
                            "(expand, overlapping as_strided/unfold) "
                            "cannot be recorded for autograd on ltc devices; write through .clone() or "
                            "under torch.no_grad()")
-    root = _base_of(view)
-    if root is None:
-        raise RuntimeError("ltc_async: this in-place write needs eager's memory aliasing, but the written "
-                           "tensor (a detach() of a view) does not lead to its base on ltc devices; "
-                           "write through .clone(), or through a view of the base itself")
-    host_base = root.detach().cpu()  # eager's layout (see special._to_copy)
+    found = _base_of(view)
+    if found is None:
+        raise _no_base()
+    root, prefix = found
+    host_root = root.detach().cpu()  # eager's layout (see special._to_copy): its storage order
     storage = _storage(view)
 
     def host(v: Any) -> Any:
         if v is view or _alias_of(v, view, storage):
-            chain = [_as_view(m) for m in _F.get_view_meta_sequence(v)]
-            return _F.apply_view_meta_sequence(host_base, chain)
+            chain = _chain(v)
+            if not _same_views(chain[:len(prefix)], prefix):
+                raise _no_base()
+            return _F.apply_view_meta_sequence(host_root, [_as_view(m) for m in chain[len(prefix):]])
         if isinstance(v, torch.Tensor) and v.device.type == "ltc":
             return v.detach().cpu()
         if isinstance(v, (list, tuple)):
@@ -182,7 +200,13 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
         return v
     write(host(view), *host(args), **{k: host(v) for k, v in kwargs.items()})
     with torch.no_grad():
-        root.copy_(host_base)
+        root.copy_(host_root)
+
+
+def _no_base() -> RuntimeError:
+    return RuntimeError("ltc_async: this in-place write needs eager's memory aliasing, but the written "
+                        "tensor does not lead to a tensor holding its whole base on ltc devices (a "
+                        "detach() of a view?); write through .clone(), or through a view of the base")
 
 
 # -- the entry points ---------------------------------------------------------------------------
@@ -199,17 +223,21 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     others = [v for v in (*args, *kwargs.values()) if _alias_of(v, self, storage)]
     if not others:
         return False
-    root = _base_of(self)
-    if root is None:
+    found = _base_of(self)
+    if found is None:
         return True  # cannot tell: the host path says why it cannot run
+    root, prefix = found
+    if not all(_same_views(_chain(v)[:len(prefix)], prefix) for v in (self, *others)):
+        return True
     base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
-    span = _memory_range(self, base)
-    return any(_meets(span, _memory_range(v, base)) for v in others)
+    span = _memory_range(self, base, len(prefix))
+    return any(_meets(span, _memory_range(v, base, len(prefix))) for v in others)
 
 
-def _memory_range(v: torch.Tensor, base: torch.Tensor) -> tuple[int, int]:
-    """First and last storage element of the view `v` (replayed on a meta `base`)."""
-    view = _F.apply_view_meta_sequence(base, [_as_view(m) for m in _F.get_view_meta_sequence(v)])
+def _memory_range(v: torch.Tensor, base: torch.Tensor, skip: int) -> tuple[int, int]:
+    """First and last storage element of the view `v` (its chain past the base's `skip` views,
+    replayed on a meta `base`)."""
+    view = _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(v)[skip:]])
     lo = hi = view.storage_offset()
     for size, stride in zip(view.shape, view.stride()):
         if size == 0:
@@ -230,7 +258,7 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         if _may_widen(self, args, kwargs):
             check_result_type(name, self, args, kwargs)
-        if (aliasing(self) and _F.get_view_meta_sequence(self)) or (
+        if (aliasing(self) and _chain(self)) or (
                 _aliased_argument(self, args, kwargs) and not _recorded(self, args, kwargs)):
             write_on_host(self, original, args, kwargs)
             return self
