@@ -339,3 +339,15 @@ def test_aliasing_write_after_an_inplace_transpose_of_the_base():
     (lx, ls), (ex, es) = prog(DEV), prog("cpu")
     same(lx, ex)
     same(ls, es)
+
+
+def test_write_through_an_alias_reading_its_base():
+    # found by the fuzzer: `v.t()` of a 0-dim tensor aliases it whole; lerp_ reads the base
+    def prog(d):
+        x = torch.tensor(0.5, device=d, dtype=torch.float64)
+        v = x.t()
+        v.lerp_(x, 0.5)
+        return x, v
+    (lx, lv), (ex, ev) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    same(lv, ev)

@@ -140,7 +140,7 @@ def _base_of(t: torch.Tensor) -> tuple[torch.Tensor, list] | None:
     """A tensor holding its storage's whole base value (`t` or autograd's base, if its view
     chain only permutes or aliases), with that chain.  (A `detach()` of a narrower view aliases
     the storage without leading to the base: none then.)"""
-    for c in (t, t._base):
+    for c in (t._base, t):  # the base first: its chain is a prefix of more of the aliases'
         if c is not None:
             chain = _chain(c)
             if all(type(m) in _WHOLE_VIEWS for m in chain):
