@@ -25,7 +25,8 @@ from .executor import arena
 from .executor import graph_executor as gx
 from .tensor.lazy_tensor import unwrap
 
-__all__ = ["DataParallel", "all_reduce_", "broadcast_", "all_reduce_across_processes_"]
+__all__ = ["DataParallel", "DistributedDataParallel", "all_reduce_", "broadcast_",
+           "all_reduce_across_processes_"]
 
 
 def all_reduce_(per_device: Sequence[Sequence[torch.Tensor]], op: str = "mean") -> None:
@@ -149,3 +150,98 @@ class DataParallel:
             opt.step()
         api.mark_step(self.devices)
         return losses
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """`torch.nn.parallel.DistributedDataParallel` for modules on `ltc` devices: swap the class,
+    keep the program (`ddp = DistributedDataParallel(model)`, `ddp(x)`, `loss.backward()`,
+    `opt.step()`, `with ddp.no_sync():`, `ddp.module`).
+
+    PyTorch's own DDP cannot run on `ltc`: its C++ reducer allocates gradient buckets and copies
+    gradients into them below PyTorch's functionalization layer, which lazy tensors need to stay
+    functional (it fails with "mutating a non-functional tensor with a functional tensor"); its
+    communication hooks and `gradient_as_bucket_view` run inside that same reducer.  This class
+    keeps DDP's semantics with the collectives ltc_async supports:
+
+    * construction broadcasts parameters and buffers from rank 0 (`init_sync`);
+    * before each forward, buffers (BatchNorm statistics) are broadcast from rank 0
+      (`broadcast_buffers=True`, as DDP);
+    * at the end of every backward that syncs, all gradients are averaged across processes as
+      one lazy bucket (`all_reduce_across_processes_`: one collective per step, in order with
+      the lazy work around it);
+    * `no_sync()` accumulates gradients locally; the next syncing backward averages the sum;
+    * with `find_unused_parameters=True` a parameter that got no gradient on this rank counts as
+      zero; it gets a gradient if any rank used it (DDP's behaviour), else stays `None`.
+      Without it, an unused parameter raises, as DDP does.
+    """
+
+    def __init__(self, module: torch.nn.Module, device_ids: Any = None, output_device: Any = None,
+                 dim: int = 0, broadcast_buffers: bool | None = True, init_sync: bool = True,
+                 process_group: Any = None, find_unused_parameters: bool = False,
+                 **unused: Any) -> None:
+        import torch.distributed as dist
+        super().__init__()
+        self.module = module
+        self.process_group = process_group
+        self.broadcast_buffers = broadcast_buffers is not False
+        self.find_unused_parameters = find_unused_parameters
+        self.require_backward_grad_sync = True
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._queued = False
+        if init_sync:
+            with torch.no_grad():
+                for t in list(module.parameters()) + list(module.buffers()):
+                    dist.broadcast(t.data, 0, group=process_group)
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and torch.is_grad_enabled():
+            import torch.distributed as dist
+            with torch.no_grad():
+                for b in self.module.buffers():
+                    dist.broadcast(b.data, 0, group=self.process_group)
+        return self.module(*args, **kwargs)
+
+    def no_sync(self) -> Any:
+        """Accumulate gradients without communication inside this block (as DDP)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+            try:
+                yield
+            finally:
+                self.require_backward_grad_sync = old
+        return ctx()
+
+    def _on_grad(self, _param: torch.Tensor) -> None:
+        """First gradient of a syncing backward: average everything when the backward ends."""
+        if self.require_backward_grad_sync and not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._sync_gradients)
+
+    def _sync_gradients(self) -> None:
+        import torch.distributed as dist
+        self._queued = False
+        missing = [p for p in self._params if p.grad is None]
+        if missing and not self.find_unused_parameters:
+            raise RuntimeError(
+                f"DistributedDataParallel: {len(missing)} parameter(s) received no gradient in this "
+                "backward; pass find_unused_parameters=True (as with torch's DDP)")
+        world = dist.get_world_size(self.process_group)
+        with torch.no_grad():
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+            if missing:   # which parameters any rank used: they all get the averaged gradient
+                used = torch.stack([torch.ones((), device=p.device) if p.grad is not None
+                                    else torch.zeros((), device=p.device) for p in self._params])
+                all_reduce_across_processes_(grads + [used], op="sum", group=self.process_group)
+                for g in grads:
+                    g.div_(world)
+                used_anywhere = used.cpu().tolist()
+            else:
+                all_reduce_across_processes_(grads, op="mean", group=self.process_group)
+            for i, (p, g) in enumerate(zip(self._params, grads)):
+                if p.grad is None and used_anywhere[i] > 0:
+                    p.grad = g
