@@ -33,6 +33,7 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_lazy.py
 	$(BIN)/python benchmarks/bench_executor.py
+	$(BIN)/python benchmarks/bench_ddp.py
 
 # The reliability suite at full length (CI runs the same tests with bounded lengths):
 # fault injection over 2000 steps, then the concurrency and shutdown tests three times.

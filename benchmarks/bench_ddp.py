@@ -1,0 +1,115 @@
+"""DistributedDataParallel over gloo: 1 vs 2 processes, ltc_async (its DDP drop-in on `ltc:0`)
+beside PyTorch's DDP on eager CPU tensors, in the same processes and the same run.
+
+    python benchmarks/bench_ddp.py [--steps 30] [--rounds 3]
+
+Each rank trains an MLP (256-1024-1024-10) on its shard of a global batch of 512 (so more
+processes = less work each, the same global step).  Figures: steps/s (median over rounds,
+each round `steps` steps ending with a wait), and for ltc_async the fraction of the step's wall
+time the device was busy (sum of ExecuteTime / wall)."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _rank_main(steps: int, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ltc_async as ltc
+    from ltc_async.parallel import DistributedDataParallel
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                   torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    x = torch.randn(512 // world, 256)
+    y = torch.randint(0, 10, (512 // world,))
+
+    def run(device: str | None) -> tuple[float, float]:
+        m = model()
+        if device:
+            m = m.to(device)
+            net = DistributedDataParallel(m)
+            xb, yb = x.to(device), y.to(device)
+        else:
+            net = torch.nn.parallel.DistributedDataParallel(m)
+            xb, yb = x, y
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+
+        def step() -> None:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(xb), yb).backward()
+            opt.step()
+            if device:
+                ltc.mark_step()
+        for _ in range(3):
+            step()
+        if device:
+            ltc.wait_device_ops()
+        rates, busy = [], []
+        for _ in range(rounds):
+            dist.barrier()
+            ltc.metrics.reset()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            if device:
+                ltc.wait_device_ops()
+            wall = time.perf_counter() - t0
+            rates.append(steps / wall)
+            if device:
+                busy.append(ltc.metrics.metric_data("ExecuteTime")[1] / wall)
+        return statistics.median(rates), statistics.median(busy) if busy else 0.0
+
+    eager_rate, _ = run(None)
+    lazy_rate, lazy_busy = run("ltc:0")
+    if rank == 0:
+        print(f"RESULT {world} {eager_rate:.2f} {lazy_rate:.2f} {lazy_busy:.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+def _launch(world: int, steps: int, rounds: int) -> list[float]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": str(world), "LTC_ASYNC_DEVICES": "cpu", "LTC_ASYNC_CPU_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank-main", str(steps), str(rounds)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+             for r in range(world)]
+    out = [p.communicate(timeout=900)[0] for p in procs]
+    line = next(l for l in out[0].splitlines() if l.startswith("RESULT"))
+    return [float(v) for v in line.split()[2:]]
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
+        _rank_main(int(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    res = {w: _launch(w, args.steps, args.rounds) for w in (1, 2)}
+    print("| processes | eager torch DDP (steps/s) | ltc_async DDP (steps/s) | ltc / eager | ltc device busy |")
+    print("|---:|---:|---:|---:|---:|")
+    for w, (e, l, b) in res.items():
+        print(f"| {w} | {e:.2f} | {l:.2f} | {l / e:.2f}x | {b:.0%} |")
+    print(f"\nscaling 1 -> 2 processes: eager {res[2][0] / res[1][0]:.2f}x, "
+          f"ltc_async {res[2][1] / res[1][1]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
