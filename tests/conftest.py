@@ -113,3 +113,22 @@ def watchdog(seconds: float):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def heavy_prelude(seconds: float) -> str:
+    """Source for a subprocess: `x` on ltc:0 and `heavy(x, n)` with `n` sized so that one
+    step takes at least `seconds` of device work here (compiled and warm)."""
+    return f"""
+import time, torch, ltc_async as ltc
+torch.manual_seed(0)
+x = (torch.randn(384, 384) / 20).to("ltc:0")
+def heavy(x, n):
+    for _ in range(n):
+        x = torch.tanh(x @ x)
+    return x
+n = 4
+while True:
+    ltc.sync([heavy(x, n)]); t0 = time.perf_counter(); ltc.sync([heavy(x, n)])
+    if time.perf_counter() - t0 > {seconds} or n > 400: break
+    n *= 2
+"""

@@ -15,7 +15,7 @@ import torch
 import trio
 
 import ltc_async as ltc
-from conftest import heavy, heavy_steps, run_in_threads, run_python, watchdog
+from conftest import heavy, heavy_prelude, heavy_steps, run_in_threads, run_python, watchdog
 from ltc_async.executor import arena
 
 
@@ -92,20 +92,10 @@ def test_blocking_mark_step_returns_before_the_compile():
     torch.testing.assert_close(y.cpu(), _fresh_chain(x.cpu(), 511), rtol=1e-4, atol=1e-4)
 
 
-_FULL_QUEUE = r"""
-import time, torch, trio, ltc_async as ltc
+_FULL_QUEUE = heavy_prelude(0.15) + r"""
+import trio
 from ltc_async.executor import arena
 ctx = arena.get("ltc:0")
-x = (torch.randn(384, 384) / 20).to("ltc:0")
-def heavy(x, n):
-    for _ in range(n):
-        x = torch.tanh(x @ x)
-    return x
-n = 4
-while True:                       # size one step to >= 0.15 s of device work, warm
-    ltc.sync([heavy(x, n)]); t0 = time.perf_counter(); ltc.sync([heavy(x, n)])
-    if time.perf_counter() - t0 > 0.15 or n > 400: break
-    n *= 2
 def three_steps(mark):
     outs = []
     for _ in range(2):

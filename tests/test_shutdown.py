@@ -12,24 +12,14 @@ import time
 import torch
 
 import ltc_async as ltc
+from conftest import heavy_prelude
 from ltc_async.executor import arena
 from ltc_async.executor import graph_executor as gx
 from ltc_async.executor.futures import BackendData, Execution
 from ltc_async.ir.node import Node
 
-_QUEUED = r"""
-import sys, time, torch, ltc_async as ltc
-torch.manual_seed(0)
-x = (torch.randn(384, 384) / 20).to("ltc:0")
-def heavy(x, n):
-    for _ in range(n):
-        x = torch.tanh(x @ x)
-    return x
-n = 4
-while True:                                  # one step = about 0.25 s of device work here
-    ltc.sync([heavy(x, n)]); t0 = time.perf_counter(); ltc.sync([heavy(x, n)])
-    if time.perf_counter() - t0 > 0.25 or n > 400: break
-    n *= 2
+_QUEUED = heavy_prelude(0.25) + r"""
+import sys
 steps = int(sys.argv[1])
 for _ in range(steps):
     x = heavy(x, n) * 0.999 + 0.001
