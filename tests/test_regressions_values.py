@@ -351,3 +351,16 @@ def test_write_through_an_alias_reading_its_base():
     (lx, lv), (ex, ev) = prog(DEV), prog("cpu")
     same(lx, ex)
     same(lv, ev)
+
+
+def test_op_failing_inside_a_cpp_backward_formula_raises_at_backward():
+    # found by the fuzzer: atan2's backward negates its bool input; the error used to abort the
+    # process (PyTorch's Python-backed device guard is called while the exception unwinds)
+    def prog(d):
+        x = torch.ones(3, dtype=torch.float64, device=d, requires_grad=True)
+        y = torch.atan2(torch.ones(3, dtype=torch.bool, device=d), x)
+        with pytest.raises(RuntimeError, match="Negation, the `-` operator, on a bool tensor"):
+            y.sum().backward()
+        (x * 2).sum().backward()            # the next backward works
+        return x.grad
+    same(prog(DEV), prog("cpu"))

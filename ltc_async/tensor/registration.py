@@ -10,7 +10,8 @@
 * in-place ops that functionalization would get wrong (result types that cannot be cast back,
   writes through views whose elements share memory, failing in-place view ops) are checked at
   their Python entry points (`inplace.py`);
-* backward passes over ltc tensors run in the calling thread (see `_patch_autograd_engine`).
+* backward passes over ltc tensors run in the calling thread and raise the errors ops deferred
+  inside them (see `_patch_autograd_engine`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..executor import arena
 from ..executor import graph_executor as gx
+from . import dispatch as dispatch_module
 from . import inplace
 from .dispatch import dispatch
 from .special import copy_into
@@ -188,9 +190,27 @@ def _patch_autograd_engine() -> None:
         for t in t_outputs:
             if isinstance(t, torch.Tensor) and t.device.type == "ltc":
                 with autograd.set_multithreading_enabled(False):
-                    return original(t_outputs, *args, **kwargs)
+                    return _raising_deferred(original, t_outputs, *args, **kwargs)
         return original(t_outputs, *args, **kwargs)
     autograd._engine_run_backward = _engine_run_backward
+
+
+def _raising_deferred(run: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a backward pass; raise the first error an ltc op deferred inside it (see
+    `dispatch._defer_backward_error`), before any error it led to."""
+    errors = dispatch_module.backward_errors
+    errors.first = None
+    try:
+        out = run(*args, **kwargs)
+    except Exception as e:
+        first, errors.first = errors.first, None
+        if first is not None:
+            raise first from e
+        raise
+    first, errors.first = errors.first, None
+    if first is not None:
+        raise first
+    return out
 
 
 def register() -> None:
