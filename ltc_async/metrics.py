@@ -19,6 +19,10 @@ __all__ = ["counter_names", "counter_value", "metric_names", "metric_data", "res
 #: counters `CompileShapes::<input shapes>` count compiles per set of graph-input shapes
 COMPILE_SHAPES_PREFIX = "CompileShapes::"
 
+#: counters that always exist (value 0 until counted, also after `reset()`), as in torch._lazy
+ALWAYS_PRESENT = ("MarkStep", "CachedCompile", "UncachedCompile", "DeviceDataCacheMiss",
+                  "CreateLtcTensor", "DestroyLtcTensor", "EagerFallback")
+
 _MAX_SAMPLES = 1024
 _counters: dict[str, int] = {}
 _metrics: dict[str, list] = {}  # name -> [count, sum, deque(samples)]
@@ -66,14 +70,16 @@ def timed(name: str) -> Iterator[None]:
 
 def counter_names() -> list[str]:
     _settle()
-    return sorted(k for k, v in list(_counters.items()) if v)
+    return sorted({k for k, v in list(_counters.items()) if v} | set(ALWAYS_PRESENT))
 
 
 def counter_value(name: str) -> int | None:
-    """The counter's value, or None if it never counted."""
+    """The counter's value; 0 for the `ALWAYS_PRESENT` ones, else None if it never counted."""
     _settle()
     v = _counters.get(name)
-    return v if v else None
+    if v:
+        return v
+    return 0 if name in ALWAYS_PRESENT else None
 
 
 def metric_names() -> list[str]:
@@ -124,5 +130,5 @@ def report() -> str:
         lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {_fmt_time(total)}\n"
                      f"  Median (recent): {_fmt_time(med)}")
     for name in counter_names():
-        lines.append(f"Counter: {name}\n  Value: {_counters[name]}")
+        lines.append(f"Counter: {name}\n  Value: {_counters.get(name, 0)}")
     return "\n".join(lines) + ("\n" if lines else "")

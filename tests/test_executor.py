@@ -144,7 +144,10 @@ def test_metrics_api(metrics):
     assert "UncachedCompile" in report and "ExecuteTime" in report
     assert_eager(y, torch.relu(x.cpu()) + 1)
     metrics.reset()
-    assert metrics.counter_value("MarkStep") is None and metrics.metric_data("ExecuteTime") is None
+    assert metrics.counter_value("MarkStep") == 0 and metrics.metric_data("ExecuteTime") is None
+    for always in ("MarkStep", "CachedCompile", "UncachedCompile", "DeviceDataCacheMiss",
+                   "CreateLtcTensor", "DestroyLtcTensor", "EagerFallback"):
+        assert always in metrics.counter_names() and metrics.counter_value(always) == 0
 
 
 def test_create_and_destroy_counters(metrics):
