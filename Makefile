@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # unpinned install would pull a multi-GB CUDA build.  The package itself accepts a range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test bench conformance reliability clean
+.PHONY: setup demo test bench conformance reliability fuzz clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,11 @@ conformance: setup
 		--op-list devices/torchscript/ops.yaml | tee conformance-ltc.txt
 	$(BIN)/python tests/opdb_conformance.py --backend torch_lazy --json conformance-torch_lazy.jsonl \
 		| tee conformance-torch_lazy.txt
+
+# Differential fuzzing against eager PyTorch at length (tests/test_fuzz.py; CI runs a bounded
+# profile): LTC_FUZZ_EXAMPLES programs per test, failures saved to tests/fuzz/.hypothesis.
+fuzz: setup
+	LTC_FUZZ_PROFILE=long $(BIN)/python -m pytest -q -p no:cacheprovider -s tests/test_fuzz.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,118 @@
+"""Differential fuzzing: random tensor programs on ltc must match eager PyTorch on the CPU.
+
+Programs come from `tests/fuzz/programs.py` (see its docstring).  Each example runs eagerly on
+`cpu` and lazily on `ltc:0` (round trips through `ltc:1`), once with its constants and once with
+their twins (`1` -> `1.0`, `0.0` -> `-0.0`, ...) so that a cache entry made for one must not
+serve the other; observations (reads, `.item()`s, the final value of every variable, gradients
+in autograd mode) must agree in dtype, shape and value.  A step eager rejects must be rejected
+by ltc at the same step, or, for errors only the values can tell, when the result is read.
+
+Profiles (`LTC_FUZZ_PROFILE`):
+  ci    (default) a bounded run for the test suite; replays the failures stored in the example
+        database `tests/fuzz/.hypothesis` without writing to it;
+  long  `make fuzz`: many more examples (`LTC_FUZZ_EXAMPLES`, default 3000 per test), random
+        seeds, failures saved to the database so they replay.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
+
+import ltc_async as ltc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fuzz import programs as P  # noqa: E402
+
+_DB = DirectoryBasedExampleDatabase(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz", ".hypothesis"))
+_COMMON = dict(deadline=None, print_blob=True, derandomize=False,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                      HealthCheck.filter_too_much])
+settings.register_profile("ltc-fuzz-ci", max_examples=int(os.environ.get("LTC_FUZZ_EXAMPLES", 200)),
+                          database=ReadOnlyDatabase(_DB), **_COMMON)
+settings.register_profile("ltc-fuzz-long", max_examples=int(os.environ.get("LTC_FUZZ_EXAMPLES", 3000)),
+                          database=_DB, **_COMMON)
+PROFILE = settings.get_profile("ltc-fuzz-" + os.environ.get("LTC_FUZZ_PROFILE", "ci"))
+
+DEV, OTHER = "ltc:0", "ltc:1"
+# errors an ltc run may report at a later read instead of at the step eager raised at
+_DEFERRED = (ltc.ComputationError, ltc.ExecutionError)
+STATS = {"examples": 0, "programs_with_eager_errors": 0}
+
+
+def _outcome(program: P.Program, dev: str, twin: bool) -> tuple[list, P.StepError | None]:
+    try:
+        return P.run(program, dev, twin=twin, other=OTHER if dev != "cpu" else None), None
+    except P.StepError as e:
+        e.__traceback__ = None  # drop the frames holding the program's tensors
+        if e.__cause__ is not None:
+            e.__cause__.__traceback__ = None
+        return e.observed, e
+    finally:
+        if dev != "cpu":  # cut what the program left pending: its errors stay with it
+            try:
+                ltc.mark_step(wait=True)
+            except _DEFERRED:
+                pass
+
+
+def _drain() -> None:
+    try:
+        ltc.wait_device_ops()
+    except Exception:  # noqa: BLE001 - a previous example's deliberate failure was reported
+        pass
+
+
+def check_program(program: P.Program) -> None:
+    """Eager and ltc agree on `program` and on its twin, run in that order on ltc."""
+    STATS["examples"] += 1
+    for twin in (False, True):
+        _drain()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected, eerr = _outcome(program, "cpu", twin)
+            got, lerr = _outcome(program, DEV, twin)
+        where = f"(twin constants={twin})\n{program}"
+        if eerr is None:
+            assert lerr is None, f"ltc raised where eager did not: {lerr} {where}"
+            P.compare(got, expected, where)
+            continue
+        STATS["programs_with_eager_errors"] += 1
+        assert lerr is not None, f"eager raised {eerr} at step {eerr.index}, ltc did not {where}"
+        # errors only the values can tell surface when the graph runs (a later read)
+        deferred = isinstance(lerr.error, _DEFERRED) and lerr.index > eerr.index
+        assert lerr.index == eerr.index or deferred, f"eager: {eerr}; ltc: {lerr} {where}"
+        n = min(len(got), len(expected))
+        P.compare(got[:n], expected[:n], where)
+
+
+@settings(PROFILE)
+@given(P.programs())
+def test_random_programs_match_eager(program):
+    check_program(program)
+
+
+@settings(PROFILE)
+@given(P.programs(autograd=True))
+def test_random_autograd_programs_match_eager(program):
+    check_program(program)
+
+
+def test_fuzz_programs_print_as_source():
+    # what a failure report shows: the program as Python-like source, one step per line
+    from hypothesis import find
+    prog = find(P.programs(), lambda p: len(p.steps) >= 4, settings=settings(database=None, max_examples=200))
+    text = str(prog)
+    assert text.count("\n") == len(prog.steps) - 1 and text.startswith("v0 = input(")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    print(f"\nfuzz: {STATS['examples']} programs checked (x2: twin constants), "
+          f"{STATS['programs_with_eager_errors']} runs where eager raised")
