@@ -78,3 +78,25 @@ def test_dag_hash_covers_structure_not_values():
     assert _add(a1, b1).hash != _add(a1, b1, template=((TENSOR, 0), (TENSOR, 1), 2)).hash
     x = torch.randn(3).to("ltc:0")
     assert ltc.debug.graph_hash([x * 2]) != ltc.debug.graph_hash([x + 2])
+
+
+def test_exact_constants_key_by_type_and_bits():
+    from ltc_async.ir.node import const_value, exact
+    nan1, nan2 = float("nan"), float("nan")
+    assert exact(1) != exact(1.0) != exact(True) and exact(1) != exact(True)
+    assert exact(0.0) != exact(-0.0)
+    assert exact(nan1) == exact(nan2) and exact(nan1) != exact(-nan1)   # NaN equals itself, by sign
+    assert hash(exact(nan1)) == hash(exact(nan2))
+    assert exact((1.0, -0.0)) != exact((1.0, 0.0)) and exact(()) == ()
+    for v in (1, 1.0, True, -0.0, 2 ** 63, 1j, (0.5, 2.0)):
+        back = const_value(exact(v))
+        assert type(back) is (list if isinstance(v, tuple) else type(v))
+        assert repr(back) == repr(list(v) if isinstance(v, tuple) else v)
+
+
+def test_graph_keys_differ_for_constants_python_calls_equal():
+    t = torch.tensor([1, -2, 3]).to("ltc:0")
+    keys = {ltc.debug.graph_hash([t.clamp(min=v)]) for v in (0, 0.0, False)}
+    assert len(keys) == 3
+    x = torch.ones(2).to("ltc:0")
+    assert ltc.debug.graph_hash([x.clamp(min=0.0)]) != ltc.debug.graph_hash([x.clamp(min=-0.0)])
