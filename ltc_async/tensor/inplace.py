@@ -128,12 +128,10 @@ _WHOLE_VIEWS = tuple(getattr(_F, n) for n in (
     "unsqueeze_ViewMeta", "unsqueeze__ViewMeta"))
 
 
-def _chain(t: torch.Tensor) -> list:
-    return _F.get_view_meta_sequence(t)
-
-
-def _same_views(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(type(x) is type(y) and x.as_tuple() == y.as_tuple() for x, y in zip(a, b))
+def _chain(t: torch.Tensor) -> list[tuple[type, tuple]]:
+    """`t`'s view chain as plain (ViewMeta type, state) pairs, read at once: the ViewMeta
+    objects PyTorch hands out point into the tensor, and a later sync of it can free them."""
+    return [(type(m), m.as_tuple()) for m in _F.get_view_meta_sequence(t)]
 
 
 def _base_of(t: torch.Tensor) -> tuple[torch.Tensor, list] | None:
@@ -143,7 +141,7 @@ def _base_of(t: torch.Tensor) -> tuple[torch.Tensor, list] | None:
     for c in (t._base, t):  # the base first: its chain is a prefix of more of the aliases'
         if c is not None:
             chain = _chain(c)
-            if all(type(m) in _WHOLE_VIEWS for m in chain):
+            if all(kind in _WHOLE_VIEWS for kind, _ in chain):
                 return c, chain
     return None
 
@@ -156,14 +154,15 @@ def _any_requires_grad(v: Any) -> bool:
     return False
 
 
-def _as_view(meta: Any) -> Any:
-    """The same `ViewMeta` with reapply_views on: it then makes a real view where
-    functionalization made a `_copy`.  Its state is (has_symbolic_inputs, [out_index of a
-    multi-output view,] reapply_views, inverse_return_mode, op args...)."""
-    state = list(meta.as_tuple())
+def _as_view(meta: tuple[type, tuple]) -> Any:
+    """A `ViewMeta` from a `_chain` entry, with reapply_views on: it then makes a real view
+    where functionalization made a `_copy`.  Its state is (has_symbolic_inputs, [out_index of
+    a multi-output view,] reapply_views, inverse_return_mode, op args...)."""
+    kind, state = meta
+    state = list(state)
     mode = next(i for i, v in enumerate(state) if isinstance(v, _F.InverseReturnMode))
     state[mode - 1] = True
-    return type(meta)(tuple(state))
+    return kind(tuple(state))
 
 
 def _recorded(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
@@ -190,7 +189,7 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
     def host(v: Any) -> Any:
         if v is view or _alias_of(v, view, storage):
             chain = _chain(v)
-            if not _same_views(chain[:len(prefix)], prefix):
+            if not chain[:len(prefix)] == prefix:
                 raise _no_base()
             return _F.apply_view_meta_sequence(host_root, [_as_view(m) for m in chain[len(prefix):]])
         if isinstance(v, torch.Tensor) and v.device.type == "ltc":
@@ -227,7 +226,7 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     if found is None:
         return True  # cannot tell: the host path says why it cannot run
     root, prefix = found
-    if not all(_same_views(_chain(v)[:len(prefix)], prefix) for v in (self, *others)):
+    if not all(_chain(v)[:len(prefix)] == prefix for v in (self, *others)):
         return True
     base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
     span = _memory_range(self, base, len(prefix))
