@@ -58,7 +58,8 @@ _MAX_PROGRAMS = 1024
 
 
 def _kind(e: Any) -> Any:
-    """A template entry reduced to what decides TorchScript overload resolution."""
+    """A template entry reduced to what decides TorchScript overload resolution (types, never
+    values: `can_lower`'s cache key)."""
     if type(e) is tuple and e and type(e[0]) is Tag:
         if e[0] is TENSOR_LIST:
             return ("L", any(r is None for r in e[1]))
@@ -110,6 +111,8 @@ class TorchScriptBackend(Backend):
         # TorchScript programs are shape-generic: graphs that differ only in input shapes (a
         # smaller last batch) usually lower to the same program text, and then share one
         # compiled function instead of compiling and warming up another (LTC compiles again).
+        # The text is an exact key: constants print with their types and 17 significant digits
+        # (`1` / `1.` / bool `1`, `0.` / `-0.`, `nan` / `-nan` stay apart).
         key = (str(device), str(graph))
         with _programs_lock:
             comp = _programs.get(key)
