@@ -364,3 +364,21 @@ def test_op_failing_inside_a_cpp_backward_formula_raises_at_backward():
         (x * 2).sum().backward()            # the next backward works
         return x.grad
     same(prog(DEV), prog("cpu"))
+
+
+@pytest.mark.parametrize("case", ["expand_same_shape", "expand_unsqueezed", "unfold_with_gaps", "bool_expand_add"])
+def test_write_through_expand_or_unfold_view_matches_eager(case):
+    # found by the fuzzer: functionalization writes these back as base + (new - old), or by
+    # summing windows into zeros; big values, infinities, bools and uncovered elements broke
+    calls = {"expand_same_shape": lambda x: x.expand(6).fill_(1.0),
+             "expand_unsqueezed": lambda x: x.unsqueeze(0).expand(1, 6).fill_(1.0),
+             "unfold_with_gaps": lambda x: x.unfold(0, 2, 3).mul_(2.0),
+             "bool_expand_add": lambda x: x.bool()[:1].expand(1).add_(True)}
+
+    def prog(d):
+        x = torch.tensor([1e20, float("inf"), 3.0, 4.0, 5.0, 6.0], device=d)
+        out = calls[case](x)
+        return x, out
+    (lx, lo), (ex, eo) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    same(lo, eo)

@@ -11,12 +11,14 @@ reads on ltc tensors and one type test on others.
    to the desired output type Long".  When the target is integral/bool or an argument is
    complex, the functional op's result dtype is computed on `meta` and checked first.
 2. **Writes through views whose elements alias each other** (`x.expand(2, 4)`, an overlapping
-   `as_strided` or `unfold`), **or that read an argument sharing the target's storage**
-   (`x[1:].copy_(x[:-1])`): functionalization scatters the view's new value back through the
-   inverse of each view (`expand`'s sums the changes of all aliases), while eager writes the
-   aliases in turn to the same memory or rejects the op ("more than one element of the
-   written-to tensor refers to a single memory location"), and reads aliased inputs while it
-   writes.  These run on the host with eager's own aliasing: the view chains of the target and
+   `as_strided` or `unfold`), **through any `expand` or `unfold` view**, **or reading an
+   argument that shares the target's storage** (`x[1:].copy_(x[:-1])`): functionalization
+   writes the view's new value back through the inverse of each view, and those of `expand`
+   (base + summed change: sums the aliases, loses precision, makes NaN from inf, fails on
+   bool) and `unfold` (windows summed into zeros: drops uncovered elements) are no scatter;
+   eager writes aliases in turn to the same memory or rejects the op ("more than one element
+   of the written-to tensor refers to a single memory location"), and reads aliased inputs
+   while it writes.  These run on the host with eager's own aliasing: the view chains of the target and
    of the aliased arguments are replayed as real views on one host copy of the base
    (functionalization's `ViewMeta`s switched to reapply views), the op runs there (eager's values,
    eager's errors, at the user's line) and the base takes the result by a copy, so every other
@@ -249,6 +251,18 @@ def _meets(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= a[1] and b[0] <= b[1] and a[0] <= b[1] and b[0] <= a[1]
 
 
+# views whose functional inverse is not a scatter: `expand`'s adds the summed change to the base
+# (precision lost, inf - inf = NaN, bool fails), `unfold`'s sums windows into zeros (elements
+# no window covers are lost)
+_NOT_SCATTERED = (_F.expand_ViewMeta, _F.unfold_ViewMeta)
+
+
+def _write_needs_host(self: torch.Tensor) -> bool:
+    """Would functionalization get a write through `self`'s view chain wrong?"""
+    kinds = [type(m) for m in _F.get_view_meta_sequence(self)]
+    return bool(kinds) and (any(k in _NOT_SCATTERED for k in kinds) or aliasing(self))
+
+
 def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
     name = original.__name__
 
@@ -257,7 +271,7 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         if _may_widen(self, args, kwargs):
             check_result_type(name, self, args, kwargs)
-        if (aliasing(self) and _chain(self)) or (
+        if _write_needs_host(self) or (
                 _aliased_argument(self, args, kwargs) and not _recorded(self, args, kwargs)):
             write_on_host(self, original, args, kwargs)
             return self

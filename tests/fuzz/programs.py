@@ -68,6 +68,7 @@ class Step:
     fn: Callable[..., Any]                      # fn(ctx, *operands) -> value | None
     operands: tuple[int, ...] = ()
     out: bool = True                            # the result becomes a new variable
+    expands: bool = False                       # ... a view through `expand` or `unfold`
 
     def source(self, index: int) -> str:
         body = self.text.format(*(f"v{i}" for i in self.operands))
@@ -173,6 +174,7 @@ class Gen:
     steps: list[Step] = field(default_factory=list)
     env: list[Any] = field(default_factory=list)
     ctx: Ctx = field(default_factory=lambda: Ctx("cpu", False))
+    expanding: set = field(default_factory=set)  # variables that are `expand`/`unfold` views
 
     def add(self, step: Step) -> str:
         """Run `step` eagerly and append it: "ok", or "error" if eager raised (the caller keeps
@@ -188,6 +190,8 @@ class Gen:
             return "error"
         self.steps.append(step)
         if step.out:
+            if step.expands:
+                self.expanding.add(len(self.env))
             self.env.append(value)
         return "ok"
 
@@ -262,7 +266,7 @@ def input_step(draw: Any, gen: Gen) -> Step:
         return t
     where = "device" if on_device else "host"
     return Step(f"input({list(shape)}, {dtype}, {layout} on {where}, seed={seed}{', grad' if grad else ''})",
-                fn)
+                fn, expands=on_device and layout == "expanded")
 
 
 def _pair(draw: Any) -> tuple:
@@ -324,7 +328,7 @@ def elementwise_step(draw: Any, gen: Gen) -> Step | None:
     if kind == "unary":
         name = draw(st.sampled_from(sorted(UNARY)))
         f = UNARY[name]
-        return Step(f"{name}({{0}})", lambda ctx, x: f(x), (a,))
+        return Step(f"{name}({{0}})", lambda ctx, x: f(x), (a,), expands=name == "detach" and a in gen.expanding)
     if kind == "binary":
         b = draw(st.sampled_from(pool))
         name = draw(st.sampled_from(sorted(BINARY)))
@@ -421,7 +425,8 @@ def view_step(draw: Any, gen: Gen) -> Step | None:
     name = draw(st.sampled_from(sorted(VIEWS)))
     r = draw(st.integers(0, 8))
     f = VIEWS[name]
-    return Step(f"{name}({{0}}, {r})", lambda ctx, x: f(x, r), (a,))
+    return Step(f"{name}({{0}}, {r})", lambda ctx, x: f(x, r), (a,),
+                expands=name in ("expand", "expand_as1", "unfold") or a in gen.expanding)
 
 
 INPLACE = {
@@ -444,18 +449,21 @@ INPLACE_VIEW = {
 }
 
 
-def _autograd_writable(t: torch.Tensor) -> bool:
+def _autograd_writable(t: torch.Tensor, expanding: bool) -> bool:
+    """May the fuzzer write `t` in place in autograd mode?  Not leaves (eager forbids it), not
+    through views ltc writes on the host (`expand`/`unfold`, aliasing elements), which it
+    refuses to record for autograd (a documented limit, see `ltc_async/tensor/inplace.py`)."""
     try:  # reading grad_fn raises for a multi-output view whose base was written
-        return not t.requires_grad or (t.grad_fn is not None and not (t._is_view() and aliasing(t)))
+        return not t.requires_grad or (t.grad_fn is not None and not expanding
+                                       and not (t._is_view() and aliasing(t)))
     except RuntimeError:
         return False
 
 
 @st.composite
 def inplace_step(draw: Any, gen: Gen) -> Step | None:
-    # in autograd mode only non-leaf variables are written (eager forbids writing leaves), and
-    # not through views whose elements share memory (ltc raises there: a documented limit)
-    pool = gen.tensors(lambda t: not gen.autograd or _autograd_writable(t))
+    pool = [i for i in gen.tensors()
+            if not gen.autograd or _autograd_writable(gen.env[i], i in gen.expanding)]
     if not pool:
         return None
     a = draw(st.sampled_from(pool))
