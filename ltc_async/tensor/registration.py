@@ -23,7 +23,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from . import dispatch as dispatch_module
-from . import inplace
+from . import inplace, modules
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, wrap
@@ -233,5 +233,6 @@ def register() -> None:
     _libs.append(_ops_lib)
     _patch_printing()
     _patch_autograd_engine()
+    modules.patch_module_apply()   # module.to('ltc:N') keeps tied weights tied
     inplace.patch()
     _registered = True

@@ -113,6 +113,7 @@ class Case:
     optimizer: Callable[[Any], torch.optim.Optimizer]
     steps: int = 4
     accumulate: int = 1
+    atol: float = 1e-5
     values_bug: str | None = None     # why the values do not match yet (strict xfail)
     steady_bug: str | None = None     # why the step still falls back or recompiles
 
@@ -126,17 +127,20 @@ def _adamw(p: Any) -> torch.optim.Optimizer:
 
 
 _ADAMW_FALLBACK = "AdamW's foreach path: _foreach_addcdiv/_foreach_div.ScalarList fall back"
-_TIED = "model.to('ltc:0') unties tied weights (GPT-2's wte / lm_head)"
+# Adam divides by sqrt(v): where a gradient is about 0, the size of its update depends on the
+# last bits of the gradient (attention kernels round differently from eager's); 5e-5 is 5% of
+# one step at lr 1e-3.
+_ADAM_ATOL = 5e-5
 _RNN = "nn.LSTM/GRU pick _thnn_fused_*_cell, which has no CPU kernel"
 
 CASES = [
     Case("resnet", _resnet, _images, lambda m, b: m(**b).loss, _sgd),
     Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd),
     Case("gpt2", _gpt2, _tokens, lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss,
-         _adamw, values_bug=_TIED, steady_bug=_ADAMW_FALLBACK),
+         _adamw, atol=_ADAM_ATOL, steady_bug=_ADAMW_FALLBACK),
     Case("bert", _bert,
          lambda: {**_tokens(), "labels": torch.randint(0, 3, (2,), generator=G)},
-         lambda m, b: m(**b).loss, _adamw, steady_bug=_ADAMW_FALLBACK),
+         lambda m, b: m(**b).loss, _adamw, atol=_ADAM_ATOL, steady_bug=_ADAMW_FALLBACK),
     Case("lstm_bidirectional", lambda: _RNNHead(torch.nn.LSTM, True),
          lambda: {"x": torch.randn(3, 5, 8, generator=G)}, lambda m, b: m(b["x"]), _sgd,
          values_bug=_RNN, steady_bug=_RNN),
@@ -209,7 +213,7 @@ def test_training_matches_eager(case: Case):
     _train(case, eager, case.optimizer(eager.parameters()), batches, None)
     _train(case, lazy, case.optimizer(lazy.parameters()), batches, "ltc:0")
     for (name, p), q in zip(eager.named_parameters(), lazy.parameters()):
-        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5,
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=case.atol,
                                    msg=lambda m, name=name: f"{case.name}.{name}: {m}")
     for (name, b), c in zip(eager.named_buffers(), lazy.buffers()):
         torch.testing.assert_close(c.cpu(), b, rtol=1e-4, atol=1e-5,

@@ -1,0 +1,61 @@
+"""`module.to("ltc:N")` keeps tied weights tied, as on CUDA.
+
+`nn.Module._apply` converts each module's parameters separately.  On CUDA the converted data is
+swapped into the *same* `Parameter` object (`param.data = ...`), so a parameter shared by two
+modules (GPT-2's token embedding and its output layer) stays one object.  An `ltc` tensor is a
+functional wrapper, which PyTorch does not consider "shallow-copy compatible" with a CPU
+tensor, so `_apply` builds a new `Parameter` per module and the tie silently breaks: the two
+copies then get different gradients.
+
+The fix is general: around the outermost `_apply`, note which (module, name) slots hold the
+same `Parameter` (or buffer) object, and afterwards point every slot of such a group at the one
+converted object.  Nothing changes where conversion already kept the objects shared.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+_state = threading.local()
+
+
+def _shared_slots(root: torch.nn.Module, recurse: bool) -> list[list[tuple[torch.nn.Module, str, str]]]:
+    """Groups of (module, table, name) slots that hold the same tensor object."""
+    groups: dict[int, list[tuple[torch.nn.Module, str, str]]] = {}
+    for mod in (root.modules() if recurse else (root,)):
+        for table in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, table).items():
+                if t is not None:
+                    groups.setdefault(id(t), []).append((mod, table, name))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _retie(groups: list[list[tuple[torch.nn.Module, str, str]]]) -> None:
+    for slots in groups:
+        mod, table, name = slots[0]
+        keep = getattr(mod, table)[name]
+        if keep is None or keep.device.type != "ltc":
+            continue
+        for mod, table, name in slots[1:]:
+            getattr(mod, table)[name] = keep
+
+
+def patch_module_apply() -> None:
+    original = torch.nn.Module._apply
+
+    def _apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        if getattr(_state, "active", False):       # an inner module: the outermost call re-ties
+            return original(self, fn, recurse)
+        groups = _shared_slots(self, recurse)
+        _state.active = True
+        try:
+            out = original(self, fn, recurse)
+        finally:
+            _state.active = False
+        if groups:
+            _retie(groups)
+        return out
+
+    torch.nn.Module._apply = _apply
