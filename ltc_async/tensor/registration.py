@@ -26,7 +26,7 @@ from . import dispatch as dispatch_module
 from . import inplace, modules
 from .dispatch import dispatch
 from .special import copy_into
-from .lazy_tensor import LtcTensor, wrap
+from .lazy_tensor import LtcTensor, unwrap, wrap
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _registered = False
@@ -163,6 +163,9 @@ def _patch_printing() -> None:
     def _str(self: torch.Tensor, *, tensor_contents: Any = None) -> str:
         if self.device.type != "ltc":
             return original(self, tensor_contents=tensor_contents)
+        # sync the tensor itself (not only the detached copy printed below): its graph runs
+        # once, and the tensor then holds device data instead of staying pending
+        gx.sync_multi([unwrap(self)])
         with torch.no_grad():
             text = original(self.detach().to("cpu"), tensor_contents=tensor_contents)
         suffix = f", device='{self.device}'"

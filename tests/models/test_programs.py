@@ -130,7 +130,6 @@ def test_functional_call_matches_eager():
     assert_eager(got, want)
 
 
-@_bug("print(t) of a pending tensor re-executes its graph and leaves it pending")
 def test_print_syncs_a_pending_tensor_once():
     x = torch.randn(3).to("ltc:0")
     y = x * 2 + 1
