@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from . import dispatch as dispatch_module
-from . import inplace, modules
+from . import autocast, inplace, modules
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, unwrap, wrap
@@ -34,12 +35,50 @@ _lib: Any = None
 _libs: list = []
 
 
+_current = threading.local()   # `torch.ltc.device(i)` / `set_device(i)`, per thread
+
+
+class _DeviceGuard:
+    """`with torch.ltc.device(i):` makes ltc:i the current lazy device of this thread (what
+    `torch.utils.checkpoint` uses to stash and restore each device's RNG state)."""
+
+    def __init__(self, device: Any) -> None:
+        self.index = _index(device) if device is not None else None
+        self.prev: int | None = None
+
+    def __enter__(self) -> "_DeviceGuard":
+        self.prev = _LtcDeviceModule.current_device()
+        if self.index is not None and self.index >= 0:
+            _current.index = self.index
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.index = self.prev
+
+
 class _LtcDeviceModule:
-    """`torch.ltc`: what PyTorch asks of a device backend module."""
+    """`torch.ltc`: what PyTorch asks of a device backend module (device count and current
+    device, RNG state, AMP dtypes for `torch.autocast("ltc")`, the `device(i)` guard that
+    `torch.utils.checkpoint` uses)."""
+
+    _initialized = True
+    device = _DeviceGuard
 
     @staticmethod
     def is_available() -> bool:
         return True
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        _current.index = _index(device)
 
     @staticmethod
     def is_initialized() -> bool:
@@ -55,7 +94,7 @@ class _LtcDeviceModule:
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        return getattr(_current, "index", None) or 0
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
@@ -72,17 +111,17 @@ class _LtcDeviceModule:
         return arena.get(None).seed
 
     @staticmethod
-    def get_rng_state(device: Any = "ltc") -> torch.Tensor:
+    def get_rng_state(device: Any = None) -> torch.Tensor:
         """The per-device generator state (seed, draws) as a uint8 tensor, like CUDA's."""
-        seed, counter = arena.get(_index(device)).rng_state()
+        seed, counter = arena.get(_device_index(device)).rng_state()
         seed &= (1 << 64) - 1
         signed = seed - (1 << 64) if seed >= 1 << 63 else seed  # int64 storage of a uint64 seed
         return torch.tensor([signed, counter], dtype=torch.int64).view(torch.uint8)
 
     @staticmethod
-    def set_rng_state(state: torch.Tensor, device: Any = "ltc") -> None:
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
         seed, counter = (int(v) for v in state.view(torch.int64).tolist())
-        arena.get(_index(device)).set_rng_state(seed & ((1 << 64) - 1), counter)
+        arena.get(_device_index(device)).set_rng_state(seed & ((1 << 64) - 1), counter)
 
     @staticmethod
     def get_rng_state_all() -> list[torch.Tensor]:
@@ -137,6 +176,12 @@ def _index(device: Any) -> int | None:
         return device
     d = torch.device(device)
     return d.index
+
+
+def _device_index(device: Any) -> int:
+    """A device argument of `torch.ltc` functions: None or "ltc" mean the current device."""
+    index = None if device is None else _index(device)
+    return _LtcDeviceModule.current_device() if index is None else index
 
 
 def _wrap_result(out: Any) -> Any:
@@ -237,5 +282,6 @@ def register() -> None:
     _patch_printing()
     _patch_autograd_engine()
     modules.patch_module_apply()   # module.to('ltc:N') keeps tied weights tied
+    autocast.register()            # torch.autocast('ltc'): CPU's policy
     inplace.patch()
     _registered = True

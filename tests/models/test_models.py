@@ -100,6 +100,12 @@ class _Checkpointed(torch.nn.Module):
         return x.pow(2).mean()
 
 
+def _autocast_loss(m: torch.nn.Module, b: dict) -> torch.Tensor:
+    """The same program on both: autocast on the batch's own device type (cpu or ltc)."""
+    with torch.autocast(b["x"].device.type, dtype=torch.bfloat16):
+        return torch.nn.functional.cross_entropy(m(b["x"]), b["y"])
+
+
 def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
@@ -153,6 +159,9 @@ CASES = [
     Case("grad_accumulation", _mlp,
          lambda: {"x": torch.randn(8, 16, generator=G), "y": torch.randint(0, 4, (8,), generator=G)},
          lambda m, b: torch.nn.functional.cross_entropy(m(b["x"]), b["y"]), _sgd, accumulate=4),
+    Case("autocast_bf16", _mlp,
+         lambda: {"x": torch.randn(8, 16, generator=G), "y": torch.randint(0, 4, (8,), generator=G)},
+         _autocast_loss, _sgd),
     Case("bf16_model", lambda: _mlp().to(torch.bfloat16),
          lambda: {"x": torch.randn(8, 16, generator=G).to(torch.bfloat16),
                   "y": torch.randint(0, 4, (8,), generator=G)},

@@ -70,7 +70,6 @@ def test_tied_weights_stay_tied_through_to():
     assert model["emb"].weight is model["head"].weight
 
 
-@_bug("torch.utils.checkpoint aborts / the ltc device module lacks what checkpoint needs")
 def test_checkpoint_with_dropout_matches_the_unchecked_run():
     _in_subprocess("""
         from torch.utils.checkpoint import checkpoint
@@ -94,7 +93,6 @@ def test_checkpoint_with_dropout_matches_the_unchecked_run():
     """)
 
 
-@_bug("importing ltc_async breaks torch.utils.checkpoint on plain CPU tensors")
 def test_checkpoint_on_cpu_still_works_after_import():
     from torch.utils.checkpoint import checkpoint
     lin = torch.nn.Linear(4, 4)
@@ -103,7 +101,6 @@ def test_checkpoint_on_cpu_still_works_after_import():
     assert x.grad is not None
 
 
-@_bug("torch.autocast('ltc') is not supported by the device module")
 def test_autocast_bf16_like_cpu():
     x = torch.randn(4, 8)
     w = torch.randn(3, 8)
