@@ -382,3 +382,14 @@ def test_write_through_expand_or_unfold_view_matches_eager(case):
     (lx, lo), (ex, eo) = prog(DEV), prog("cpu")
     same(lx, ex)
     same(lo, eo)
+
+
+def test_write_reading_a_detached_alias_after_an_inplace_as_strided():
+    # found by the fuzzer: the written tensor carries its own as_strided_ view; the detached
+    # alias is a view of it, so it serves as the base of the host write
+    def prog(d):
+        x = torch.tensor(2.0, device=d)
+        x.as_strided_((1,), (1,))
+        x.add_(x.detach())
+        return x
+    same(prog(DEV), prog("cpu"))

@@ -136,16 +136,32 @@ def _chain(t: torch.Tensor) -> list[tuple[type, tuple]]:
     return [(type(m), m.as_tuple()) for m in _F.get_view_meta_sequence(t)]
 
 
-def _base_of(t: torch.Tensor) -> tuple[torch.Tensor, list] | None:
-    """A tensor holding its storage's whole base value (`t` or autograd's base, if its view
-    chain only permutes or aliases), with that chain.  (A `detach()` of a narrower view aliases
-    the storage without leading to the base: none then.)"""
+def _base_of(t: torch.Tensor, aliases: list) -> tuple[torch.Tensor, list] | None:
+    """A tensor from which `t` and its `aliases` are views, with its own view chain: autograd's
+    base of `t`, or `t`.  It must hold its storage's whole base value (its chain only permutes
+    or aliases), or at least take writes exactly (no `expand`/`unfold` in its chain, no aliasing
+    elements), and its chain must begin theirs.  None if neither does (a `detach()` of a view
+    can alias its storage without leading back to its base)."""
     for c in (t._base, t):  # the base first: its chain is a prefix of more of the aliases'
-        if c is not None:
-            chain = _chain(c)
-            if all(kind in _WHOLE_VIEWS for kind, _ in chain):
-                return c, chain
+        if c is None:
+            continue
+        chain = _chain(c)
+        whole = all(kind in _WHOLE_VIEWS for kind, _ in chain)
+        exact = whole or not (any(kind in _NOT_SCATTERED for kind, _ in chain) or aliasing(c))
+        if exact and all(_chain(v)[:len(chain)] == chain for v in (t, *aliases)):
+            return c, chain
     return None
+
+
+def _flat(values: tuple | list) -> list:
+    """Arguments with tensor lists (`index_put_`'s indices) spread out."""
+    out: list = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out.extend(_flat(v))
+        else:
+            out.append(v)
+    return out
 
 
 def _any_requires_grad(v: Any) -> bool:
@@ -181,19 +197,16 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
                            "(expand, overlapping as_strided/unfold) "
                            "cannot be recorded for autograd on ltc devices; write through .clone() or "
                            "under torch.no_grad()")
-    found = _base_of(view)
+    storage = _storage(view)
+    found = _base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
     if found is None:
         raise _no_base()
     root, prefix = found
     host_root = root.detach().cpu()  # eager's layout (see special._to_copy): its storage order
-    storage = _storage(view)
 
     def host(v: Any) -> Any:
         if v is view or _alias_of(v, view, storage):
-            chain = _chain(v)
-            if not chain[:len(prefix)] == prefix:
-                raise _no_base()
-            return _F.apply_view_meta_sequence(host_root, [_as_view(m) for m in chain[len(prefix):]])
+            return _F.apply_view_meta_sequence(host_root, [_as_view(m) for m in _chain(v)[len(prefix):]])
         if isinstance(v, torch.Tensor) and v.device.type == "ltc":
             return v.detach().cpu()
         if isinstance(v, (list, tuple)):
@@ -221,15 +234,13 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     Eager reads such inputs while it writes (or rejects a partial overlap); the functional op
     reads them before.  Views of one base whose memory ranges are disjoint (`chunk`s) are fine."""
     storage = _storage(self)
-    others = [v for v in (*args, *kwargs.values()) if _alias_of(v, self, storage)]
+    others = [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, self, storage)]
     if not others:
         return False
-    found = _base_of(self)
+    found = _base_of(self, others)
     if found is None:
         return True  # cannot tell: the host path says why it cannot run
     root, prefix = found
-    if not all(_chain(v)[:len(prefix)] == prefix for v in (self, *others)):
-        return True
     base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
     span = _memory_range(self, base, len(prefix))
     return any(_meets(span, _memory_range(v, base, len(prefix))) for v in others)
