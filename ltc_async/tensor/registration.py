@@ -24,7 +24,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from . import dispatch as dispatch_module
-from . import autocast, inplace, modules
+from . import autocast, inplace, modules, storage
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, unwrap, wrap
@@ -283,5 +283,6 @@ def register() -> None:
     _patch_autograd_engine()
     modules.patch_module_apply()   # module.to('ltc:N') keeps tied weights tied
     autocast.register()            # torch.autocast('ltc'): CPU's policy
+    storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path
     inplace.patch()
     _registered = True

@@ -25,7 +25,6 @@ def _in_subprocess(body: str) -> None:
     run_python("import copy, io, torch, ltc_async as ltc\n" + textwrap.dedent(body), timeout=300)
 
 
-@_bug("copy.deepcopy of an ltc tensor segfaults")
 def test_deepcopy_of_tensors_models_and_optimizer_state():
     _in_subprocess("""
         x = torch.randn(3, 4)
@@ -43,7 +42,6 @@ def test_deepcopy_of_tensors_models_and_optimizer_state():
     """)
 
 
-@_bug("torch.save of ltc tensors fails: invalid python storage")
 def test_save_and_load_round_trip():
     torch.manual_seed(0)
     m = torch.nn.Linear(4, 2).to("ltc:0")
