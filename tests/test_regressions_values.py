@@ -393,3 +393,15 @@ def test_write_reading_a_detached_alias_after_an_inplace_as_strided():
         x.add_(x.detach())
         return x
     same(prog(DEV), prog("cpu"))
+
+
+def test_write_to_a_detached_alias_reading_its_source():
+    # found by the long fuzz run: the argument is the base of the written alias
+    def prog(d):
+        x = torch.tensor(2.0, device=d)
+        y = x.detach()
+        y.add_(x)
+        return x, y
+    (lx, ly), (ex, ey) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    same(ly, ey)

@@ -138,11 +138,11 @@ def _chain(t: torch.Tensor) -> list[tuple[type, tuple]]:
 
 def _base_of(t: torch.Tensor, aliases: list) -> tuple[torch.Tensor, list] | None:
     """A tensor from which `t` and its `aliases` are views, with its own view chain: autograd's
-    base of `t`, or `t`.  It must hold its storage's whole base value (its chain only permutes
-    or aliases), or at least take writes exactly (no `expand`/`unfold` in its chain, no aliasing
-    elements), and its chain must begin theirs.  None if neither does (a `detach()` of a view
-    can alias its storage without leading back to its base)."""
-    for c in (t._base, t):  # the base first: its chain is a prefix of more of the aliases'
+    base of `t`, `t` or one of the aliases.  It must hold its storage's whole base value (its
+    chain only permutes or aliases), or at least take writes exactly (no `expand`/`unfold` in
+    its chain, no aliasing elements), and its chain must begin theirs.  None if none does (a
+    `detach()` of a view can alias its storage without leading back to its base)."""
+    for c in (t._base, t, *aliases):  # the base first: its chain begins more of the others'
         if c is None:
             continue
         chain = _chain(c)

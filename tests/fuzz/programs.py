@@ -540,6 +540,9 @@ def indexing_step(draw: Any, gen: Gen) -> Step | None:
         return Step("take_along_dim({0}, argsort({0}), 0)",
                     lambda ctx, x: torch.take_along_dim(x, x.argsort(0, stable=True), 0), (a,))
     if how == "setitem_idx":
+        if gen.autograd and not _autograd_writable(x, a in gen.expanding):
+            return None
+
         def setitem(ctx: Ctx, x: torch.Tensor) -> None:
             x[_index(ctx, size, seed, min(n, size), True)] = 5
         return Step("{0}[idx] = 5", setitem, (a,), out=False)
