@@ -405,3 +405,17 @@ def test_write_to_a_detached_alias_reading_its_source():
     (lx, ly), (ex, ey) = prog(DEV), prog("cpu")
     same(lx, ex)
     same(ly, ey)
+
+
+def test_inplace_as_strided_on_an_empty_slice_checks_the_base_storage():
+    # found by the long fuzz run: the bounds check used the view's own (empty) storage
+    def prog(d):
+        x = torch.arange(2.0, device=d).reshape(2, 1)
+        v = x[..., 1:]                      # (2, 0), storage offset 1 in eager
+        v.as_strided_((1,), (1,))
+        return x, v
+    (lx, lv), (ex, ev) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    same(lv, ev)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.arange(2.0, device=DEV)[1:].as_strided_((2,), (1,))

@@ -29,8 +29,8 @@ reads on ltc tensors and one type test on others.
    tensor's view chain *before* running it (it checks on `meta` first only for XLA and Lazy
    devices), so a failing `y.t_()` left every later read of `y` replaying it.  The same call
    on a probe raises eager's error first: a CPU tensor of `y`'s shape without memory (expanded)
-   for the ops that check dims, a `meta` tensor of `y`'s layout for `as_strided_` (storage
-   bounds).  On tensors that require grad they raise: autograd regenerates the grad_fn of views
+   for the ops that check dims, a `meta` tensor with `y`'s geometry in its base's storage for
+   `as_strided_` (storage bounds).  On tensors that require grad they raise: autograd regenerates the grad_fn of views
    taken earlier by replaying them on the base's new layout (`b = a[0]; a.t_()` made `b`'s
    gradient flow to `a`'s first column), and whether such views exist cannot be told.
 """
@@ -300,6 +300,18 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
+def _storage_probe(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with `t`'s eager geometry in its base's storage (`as_strided_` checks its
+    bounds against the whole storage, from `t`'s storage offset): `t`'s chain replayed on a
+    meta copy of the base; `t`'s own layout when no base is found."""
+    found = _base_of(t, [])
+    if found is None or not all(kind in _WHOLE_VIEWS for kind, _ in found[1]):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
+    root, prefix = found
+    base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
+    return _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(t)[len(prefix):]])
+
+
 def _checked_view(original: Callable[..., Any]) -> Callable[..., Any]:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _lazy(self):
@@ -309,7 +321,7 @@ def _checked_view(original: Callable[..., Any]) -> Callable[..., Any]:
                     f"not supported on ltc devices (autograd would replay its earlier views on the new "
                     f"layout: wrong gradients); use the out-of-place view, e.g. `y = y.t()`")
             if original.__name__ == "as_strided_":
-                probe = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=_META)
+                probe = _storage_probe(self)
             else:
                 probe = torch.empty((), dtype=self.dtype).expand(self.shape)
             original(probe, *args, **kwargs)

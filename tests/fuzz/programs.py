@@ -68,7 +68,8 @@ class Step:
     fn: Callable[..., Any]                      # fn(ctx, *operands) -> value | None
     operands: tuple[int, ...] = ()
     out: bool = True                            # the result becomes a new variable
-    expands: bool = False                       # ... a view through `expand` or `unfold`
+    expands: bool = False                       # ... a view ltc writes on the host
+                                                # (through `expand`, `unfold`, `as_strided`)
 
     def source(self, index: int) -> str:
         body = self.text.format(*(f"v{i}" for i in self.operands))
@@ -174,7 +175,7 @@ class Gen:
     steps: list[Step] = field(default_factory=list)
     env: list[Any] = field(default_factory=list)
     ctx: Ctx = field(default_factory=lambda: Ctx("cpu", False))
-    expanding: set = field(default_factory=set)  # variables that are `expand`/`unfold` views
+    expanding: set = field(default_factory=set)  # variables that are such views (Step.expands)
 
     def add(self, step: Step) -> str:
         """Run `step` eagerly and append it: "ok", or "error" if eager raised (the caller keeps
@@ -426,7 +427,7 @@ def view_step(draw: Any, gen: Gen) -> Step | None:
     r = draw(st.integers(0, 8))
     f = VIEWS[name]
     return Step(f"{name}({{0}}, {r})", lambda ctx, x: f(x, r), (a,),
-                expands=name in ("expand", "expand_as1", "unfold") or a in gen.expanding)
+                expands=name in ("expand", "expand_as1", "unfold", "as_strided") or a in gen.expanding)
 
 
 INPLACE = {
@@ -451,8 +452,8 @@ INPLACE_VIEW = {
 
 def _autograd_writable(t: torch.Tensor, expanding: bool) -> bool:
     """May the fuzzer write `t` in place in autograd mode?  Not leaves (eager forbids it), not
-    through views ltc writes on the host (`expand`/`unfold`, aliasing elements), which it
-    refuses to record for autograd (a documented limit, see `ltc_async/tensor/inplace.py`)."""
+    through views ltc writes on the host (`expand`/`unfold`/`as_strided`, aliasing elements),
+    which it refuses to record for autograd (a documented limit, see `ltc_async/tensor/inplace.py`)."""
     try:  # reading grad_fn raises for a multi-output view whose base was written
         return not t.requires_grad or (t.grad_fn is not None and not expanding
                                        and not (t._is_view() and aliasing(t)))
@@ -538,7 +539,7 @@ def indexing_step(draw: Any, gen: Gen) -> Step | None:
         return Step("{0}[{0} > 0]", lambda ctx, x: x[x > 0], (a,))
     if how == "take_along":
         return Step("take_along_dim({0}, argsort({0}), 0)",
-                    lambda ctx, x: torch.take_along_dim(x, x.argsort(0, stable=True), 0), (a,))
+                    lambda ctx, x: torch.take_along_dim(x, x.argsort(dim=0, stable=True), 0), (a,))
     if how == "setitem_idx":
         if gen.autograd and not _autograd_writable(x, a in gen.expanding):
             return None
