@@ -42,7 +42,7 @@ PROFILE = settings.get_profile("ltc-fuzz-" + os.environ.get("LTC_FUZZ_PROFILE", 
 DEV, OTHER = "ltc:0", "ltc:1"
 # errors an ltc run may report at a later read instead of at the step eager raised at
 _DEFERRED = (ltc.ComputationError, ltc.ExecutionError)
-STATS = {"examples": 0, "programs_with_eager_errors": 0}
+STATS = {"examples": 0, "programs_with_eager_errors": 0, "documented_limits": 0}
 
 
 def _outcome(program: P.Program, dev: str, twin: bool) -> tuple[list, P.StepError | None]:
@@ -68,6 +68,15 @@ def _drain() -> None:
         pass
 
 
+# clear errors for documented limits of ltc (ltc_async/tensor/inplace.py), where eager computes
+_LIMITS = ("does not lead to a tensor holding its whole base", "cannot be recorded for autograd",
+           "on a tensor that requires grad is not supported")
+
+
+def _documented_limit(err: P.StepError | None) -> bool:
+    return err is not None and any(m in str(err.error) for m in _LIMITS)
+
+
 def check_program(program: P.Program) -> None:
     """Eager and ltc agree on `program` and on its twin, run in that order on ltc."""
     STATS["examples"] += 1
@@ -78,6 +87,10 @@ def check_program(program: P.Program) -> None:
             expected, eerr = _outcome(program, "cpu", twin)
             got, lerr = _outcome(program, DEV, twin)
         where = f"(twin constants={twin})\n{program}"
+        if _documented_limit(lerr) and (eerr is None or eerr.index >= lerr.index):
+            STATS["documented_limits"] += 1  # a clear error; compare what came before it
+            P.compare(got, expected[:len(got)], where)
+            continue
         if eerr is None:
             assert lerr is None, f"ltc raised where eager did not: {lerr} {where}"
             P.compare(got, expected, where)
@@ -118,4 +131,5 @@ def test_fuzz_programs_print_as_source():
 def _report():
     yield
     print(f"\nfuzz: {STATS['examples']} programs checked (x2: twin constants), "
-          f"{STATS['programs_with_eager_errors']} runs where eager raised")
+          f"{STATS['programs_with_eager_errors']} runs where eager raised, "
+          f"{STATS['documented_limits']} runs stopped by a documented ltc limit")

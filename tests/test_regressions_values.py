@@ -419,3 +419,25 @@ def test_inplace_as_strided_on_an_empty_slice_checks_the_base_storage():
     same(lv, ev)
     with pytest.raises(RuntimeError, match="out of bounds"):
         torch.arange(2.0, device=DEV)[1:].as_strided_((2,), (1,))
+
+
+def test_recorded_write_reading_an_overlapping_argument_raises_like_eager():
+    # found by the long fuzz run: under autograd the write keeps the functional semantics, but
+    # must still reject what eager rejects
+    def prog(d):
+        w = torch.ones(1, 2, device=d, requires_grad=True)
+        x = w * 1
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            x.add_(x.unbind(0)[0][:1])
+        return x
+    same(prog(DEV), prog("cpu"))
+
+
+def test_write_reading_an_alias_made_before_an_inplace_view_op_raises_clearly():
+    # documented limit: no tensor holds the base any more (x.squeeze_() re-viewed it)
+    x = torch.arange(4.0, device=DEV).view(2, 2).clone()
+    s = x.as_strided((2,), (2,))
+    x.squeeze_()
+    with pytest.raises(RuntimeError, match="whole base"):
+        x.add_(s)
+    same(x, torch.arange(4.0).view(2, 2))

@@ -217,6 +217,31 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
         root.copy_(host_root)
 
 
+def _check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], args: tuple,
+                               kwargs: dict) -> None:
+    """Raise what eager raises for a write reading an argument that overlaps its target ("some
+    elements of the input tensor and the written-to tensor refer to a single memory
+    location"), by running it on CPU stand-ins with the same aliasing (meta tensors do not
+    check overlap).  For writes autograd records, which keep the functional semantics."""
+    storage = _storage(view)
+    found = _base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
+    if found is None:
+        return
+    root, prefix = found
+    base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype).fill_(1)
+
+    def stand_in(v: Any) -> Any:
+        if v is view or _alias_of(v, view, storage):
+            return _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(v)[len(prefix):]])
+        if isinstance(v, torch.Tensor) and v.device.type == "ltc":
+            return torch.ones(v.shape, dtype=v.dtype)
+        if isinstance(v, (list, tuple)):
+            return type(v)(stand_in(e) for e in v)
+        return v
+    with torch.no_grad():
+        write(stand_in(view), *stand_in(args), **{k: stand_in(v) for k, v in kwargs.items()})
+
+
 def _no_base() -> RuntimeError:
     return RuntimeError("ltc_async: this in-place write needs eager's memory aliasing, but the written "
                         "tensor does not lead to a tensor holding its whole base on ltc devices (a "
@@ -282,10 +307,14 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         if _may_widen(self, args, kwargs):
             check_result_type(name, self, args, kwargs)
-        if _write_needs_host(self) or (
-                _aliased_argument(self, args, kwargs) and not _recorded(self, args, kwargs)):
+        if _write_needs_host(self):
             write_on_host(self, original, args, kwargs)
             return self
+        if _aliased_argument(self, args, kwargs):
+            if not _recorded(self, args, kwargs):
+                write_on_host(self, original, args, kwargs)
+                return self
+            _check_aliasing_like_eager(self, original, args, kwargs)  # autograd: functional op
         try:
             return original(self, *args, **kwargs)
         except RuntimeError as e:
