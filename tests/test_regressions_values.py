@@ -441,3 +441,19 @@ def test_write_reading_an_alias_made_before_an_inplace_view_op_raises_clearly():
     with pytest.raises(RuntimeError, match="whole base"):
         x.add_(s)
     same(x, torch.arange(4.0).view(2, 2))
+
+
+def test_write_through_as_strided_view_after_inplace_as_strided_of_its_base():
+    # found by the long fuzz run: the base itself was re-viewed by as_strided_, which
+    # functionalization cannot write through; the host write chose it as its base and recursed
+    def prog(d):
+        x = torch.arange(9, device=d).reshape(3, 3)
+        t = x.t()                           # an alias taken before the in-place view ops
+        x.squeeze_()
+        v = x.as_strided((2,), (1,))
+        x.add_(x)
+        x.as_strided_((1,), (1,))
+        v.clamp_(min=x.min().item())
+        return x, v, t
+    for lazy, eager in zip(prog(DEV), prog("cpu")):
+        same(lazy, eager)

@@ -46,6 +46,7 @@ _AUGMENTED = ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__
               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__")
 _VIEW_OPS = ("t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_")
 _META = torch.device("meta")
+_copy = torch.Tensor.copy_  # before `patch()` wraps it
 
 
 # -- 1. result types ----------------------------------------------------------------------------
@@ -120,6 +121,13 @@ def _alias_of(v: Any, self: torch.Tensor, storage: int) -> bool:
     return v is not self and _lazy(v) and _storage(v) == storage
 
 
+# views whose functional inverse is not a scatter: `expand`'s adds the summed change to the base
+# (precision lost, inf - inf = NaN, bool fails), `unfold`'s sums windows into zeros (elements
+# no window covers are lost)
+_NOT_SCATTERED = (_F.expand_ViewMeta, _F.unfold_ViewMeta)
+_AS_STRIDED = (_F.as_strided_ViewMeta, _F.as_strided__ViewMeta)
+
+
 # views that keep every element of their input, each once: a tensor made only of these holds
 # its storage's whole base value
 _WHOLE_VIEWS = tuple(getattr(_F, n) for n in (
@@ -146,11 +154,19 @@ def _base_of(t: torch.Tensor, aliases: list) -> tuple[torch.Tensor, list] | None
         if c is None:
             continue
         chain = _chain(c)
-        whole = all(kind in _WHOLE_VIEWS for kind, _ in chain)
-        exact = whole or not (any(kind in _NOT_SCATTERED for kind, _ in chain) or aliasing(c))
-        if exact and all(_chain(v)[:len(chain)] == chain for v in (t, *aliases)):
+        if _takes_writes(c, chain) and all(_chain(v)[:len(chain)] == chain for v in (t, *aliases)):
             return c, chain
     return None
+
+
+def _takes_writes(c: torch.Tensor, chain: list) -> bool:
+    """Can functionalization write `c` exactly?  Yes if its views only permute or alias; else
+    only without `expand`/`unfold`, aliasing elements, or an `as_strided` past the first view
+    (which functionalization refuses to write through)."""
+    if all(kind in _WHOLE_VIEWS for kind, _ in chain):
+        return True
+    return not (any(kind in _NOT_SCATTERED for kind, _ in chain) or aliasing(c)
+                or any(kind in _AS_STRIDED for kind, _ in chain[1:]))
 
 
 def _flat(values: tuple | list) -> list:
@@ -214,7 +230,7 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
         return v
     write(host(view), *host(args), **{k: host(v) for k, v in kwargs.items()})
     with torch.no_grad():
-        root.copy_(host_root)
+        _copy(root, host_root)  # torch's own copy_: the root takes writes (`_takes_writes`)
 
 
 def _check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], args: tuple,
@@ -285,12 +301,6 @@ def _memory_range(v: torch.Tensor, base: torch.Tensor, skip: int) -> tuple[int, 
 
 def _meets(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= a[1] and b[0] <= b[1] and a[0] <= b[1] and b[0] <= a[1]
-
-
-# views whose functional inverse is not a scatter: `expand`'s adds the summed change to the base
-# (precision lost, inf - inf = NaN, bool fails), `unfold`'s sums windows into zeros (elements
-# no window covers are lost)
-_NOT_SCATTERED = (_F.expand_ViewMeta, _F.unfold_ViewMeta)
 
 
 def _write_needs_host(self: torch.Tensor) -> bool:
