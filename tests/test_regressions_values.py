@@ -476,3 +476,16 @@ def test_write_through_as_strided_of_a_reviewed_base_raises_clearly():
     expected = data * 2
     same(v, expected.view(-1)[:2])
     same(x, expected.view(-1)[:1])
+
+
+def test_write_through_inplace_as_strided_of_a_slice_reaches_the_base():
+    # found by the long fuzz run: functionalization dropped the write silently
+    def prog(d):
+        x = torch.tensor([[1.0], [2.0]], device=d)
+        v = x[..., 1:]                      # (2, 0) at storage offset 1
+        v.as_strided_((1,), (1,))           # now x[1, 0]
+        v.add_(torch.tensor(10.0, device=d))
+        return x, v
+    (lx, lv), (ex, ev) = prog(DEV), prog("cpu")
+    same(lx, ex)
+    same(lv, ev)

@@ -304,9 +304,12 @@ def _meets(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def _write_needs_host(self: torch.Tensor) -> bool:
-    """Would functionalization get a write through `self`'s view chain wrong?"""
+    """Would functionalization get a write through `self`'s view chain wrong?  Besides the
+    views above, an `as_strided` past the first view: it refuses those, except an in-place
+    `as_strided_`, whose write it silently drops."""
     kinds = [type(m) for m in _F.get_view_meta_sequence(self)]
-    return bool(kinds) and (any(k in _NOT_SCATTERED for k in kinds) or aliasing(self))
+    return bool(kinds) and (any(k in _NOT_SCATTERED for k in kinds) or aliasing(self)
+                            or any(k in _AS_STRIDED for k in kinds[1:]))
 
 
 def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
