@@ -26,7 +26,6 @@ __all__ = ["mark_step_async", "wait_device_ops_async", "sync_async", "to_cpu_asy
 async def mark_step_async(device: Any = None) -> None:
     """`mark_step` for trio: returns once the step is queued (a full queue is awaited)."""
     ctxs = arena.resolve(device)
-    gx.step_start(ctxs)
     executions = await gx.mark_step_async(ctxs)
     sync_closures = api._closures.after_step(executions)
     if sync_closures:

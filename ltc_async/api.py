@@ -43,7 +43,6 @@ def mark_step(device: Any = None, wait: bool = False) -> None:
     `wait_device_ops` or read that covers them (see `executor/graph_executor.py`).
     """
     ctxs = arena.resolve(device)
-    gx.step_start(ctxs)
     executions = gx.mark_step(ctxs)
     sync_closures = _closures.after_step(executions)
     if sync_closures:

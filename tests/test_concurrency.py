@@ -46,7 +46,6 @@ def _fresh_chain(x: torch.Tensor, n: int) -> torch.Tensor:
 
 @pytest.mark.trio
 async def test_fresh_compile_does_not_block_the_loop(metrics):
-    hb = Heartbeat()
     x = torch.randn(32, 32).to("ltc:0")
     await ltc.to_cpu_async([_fresh_chain(x, 31)])  # first compile of the process: lazy imports
     metrics.reset()

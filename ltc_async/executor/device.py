@@ -79,7 +79,6 @@ class DeviceContext:
         # queue state, guarded by _qlock
         self._qlock = threading.Lock()
         self._seq = 0                   # seq of the newest queued execution
-        self._done_seq = 0              # seq of the newest finished one
         self._inflight: collections.deque[Execution] = collections.deque()
         self._last: Execution | None = None
         self.max_inflight = max(1, max_inflight)
@@ -165,10 +164,6 @@ class DeviceContext:
         """The newest queued execution (done when everything queued so far is done)."""
         return self._last
 
-    @property
-    def done_seq(self) -> int:
-        return self._done_seq
-
     def submit(self, fn: Callable[[Execution], Any], label: str, slot: bool) -> Execution:
         """Queue `fn(execution)` (its return value is the execution's list of outputs).  With
         `slot`, the caller holds an in-flight slot, which the worker gives back when the work
@@ -198,7 +193,6 @@ class DeviceContext:
                     self._inflight.popleft()
                 else:
                     self._inflight.remove(ex)
-                self._done_seq = ex.seq
             if slot:
                 self._slots.release()
 
@@ -260,8 +254,6 @@ class DeviceContext:
         with self._error_lock:
             self._errors = [e for e in self._errors if e.seq != seq]
 
-    def has_errors(self) -> bool:
-        return bool(self._errors)
 
 
 def raise_errors(covered: Sequence[tuple[DeviceContext, int | None]]) -> None:

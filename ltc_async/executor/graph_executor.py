@@ -307,16 +307,14 @@ async def materialize_async(tensors: Sequence[Any]) -> list[Any]:
     return collect(tensors)
 
 
-def step_start(ctxs: Sequence[DeviceContext]) -> None:
-    metrics.counter("MarkStep")
-
-
 def mark_step(ctxs: Sequence[DeviceContext]) -> list[Execution]:
     """Cut and schedule every live tensor's graph on each of `ctxs`."""
+    metrics.counter("MarkStep")
     return schedule({c: None for c in ctxs})
 
 
 async def mark_step_async(ctxs: Sequence[DeviceContext]) -> list[Execution]:
+    metrics.counter("MarkStep")
     return await schedule_async({c: None for c in ctxs})
 
 

@@ -5,7 +5,6 @@ Each is compared with eager.  Cases that crash the interpreter today (segfault, 
 subprocess, so one crash fails one test, not the run.  Known bugs are strict xfails (issue 9)."""
 from __future__ import annotations
 
-import copy
 import io
 import textwrap
 
