@@ -56,6 +56,13 @@ def _host_among_lazy(v: torch.Tensor, info: OpInfo) -> RuntimeError:
                         f"{info.name}); move it with .to('ltc:N')")
 
 
+def _is_wide(v: Any) -> bool:
+    """An int (or list of ints) TorchScript cannot hold: only eager takes (or rejects) it."""
+    if type(v) is int:
+        return not -_INT64 <= v < _INT64
+    return (type(v) is list or type(v) is tuple) and any(_is_wide(e) for e in v)
+
+
 def trace(func: Any, info: OpInfo, full: list) -> Any:
     """Record `func(*full)` as an IR node and return lazy tensors for its outputs."""
     operands: list[tuple[Node, int]] = []
@@ -100,6 +107,8 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
         elif k == K_SCALAR:
             tv = type(v)
             if info.is_factory or tv not in _SCALAR_TYPES:
+                if tv is int and not -_INT64 <= v < _INT64:
+                    wide = True
                 template.append(exact(v))  # factories: scalars can decide shapes (arange)
             else:
                 if tv is int and not -_INT64 <= v < _INT64:
@@ -107,6 +116,8 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                 template.append((SCALAR, len(scalars), tv))
                 scalars.append(v)
         elif k == NUM_CONST:
+            if _is_wide(v):
+                wide = True
             template.append(exact(v))
         elif k == K_TENSOR_LIST:
             if v is None:
