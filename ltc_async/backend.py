@@ -57,13 +57,19 @@ class Backend(ABC):
         """Adopt a tensor already on the backing device (eager-fallback results)."""
         return tensor
 
+    #: whether `compile` takes `lifted` (see `executor/generic.py`)
+    lifts_ints: bool = False
+
     @abstractmethod
     def compile(self, order: list[Node], roots: list[tuple[Node, int]],
-                device: torch.device) -> Computation:
+                device: torch.device, lifted: Sequence[tuple[int, int, int | None]] = ()) -> Computation:
         """Lower the post-ordered graph `order` producing `roots` and compile it.
 
         Graph inputs, in order: each DEVICE_DATA node's value, and each op node's runtime
-        scalars / RNG seeds (`node.scalars`) in post-order.
+        scalars / RNG seeds (`node.scalars`), then the node's `lifted` ints, in post-order.
+        `lifted` (only for backends with `lifts_ints`) lists int constants to take as inputs
+        instead of baking them in, as (node index in `order`, template index, index in an
+        `int[]` or None), sorted: one program then serves graphs that differ only in them.
         """
 
     def can_lower(self, node: Node) -> bool:

@@ -43,6 +43,8 @@ def test_graph_key_distinguishes_shared_inputs(metrics):
     s1 = a + a
     s2 = a + b
     assert ltc.debug.graph_hash([s1]) != ltc.debug.graph_hash([s2])
+    ltc.sync([s1])   # one graph each (a read would run both live tensors in one graph)
+    ltc.sync([s2])
     assert_eager(s1, a.cpu() + a.cpu())
     assert_eager(s2, a.cpu() + b.cpu())
     # two graph keys (a program compiled by an earlier test may be reused for either)
@@ -264,3 +266,73 @@ def test_compile_failure_falls_back_to_the_interpreter(metrics, monkeypatch):
 def ltc_async_arena():
     from ltc_async.executor import arena
     return arena
+
+
+def _window(x: torch.Tensor, n: int, start: int) -> torch.Tensor:
+    # a user's length-dependent program: view sizes, a narrow and an arange follow `n`
+    y = x.reshape(n, -1).narrow(0, start, n - start) * 2
+    return (y.sum(1) + torch.arange(n - start, device=x.device)).cumsum(0)
+
+
+def test_graphs_differing_only_in_ints_share_one_generic_program(metrics):
+    """Beyond LTC: a growing length (a KV cache, a sequence) compiles twice, not per length."""
+    torch.manual_seed(0)
+    for n in range(4, 12):
+        x = torch.randn(n * 3)
+        got = _window(x.to("ltc:0"), n, 1)
+        ltc.mark_step()
+        assert_eager(got, _window(x, n, 1))
+    compiles = (metrics.counter_value("UncachedCompile") or 0) + (metrics.counter_value("CompileReuse") or 0)
+    assert compiles == 2                                   # n=4 exactly, n=5 with n lifted
+    assert metrics.counter_value("GenericProgramHit") == 6
+    # an int that stayed a constant so far (the narrow's start) changes: one more compile
+    # lifts it too, and every later combination runs that program
+    for n, start in ((6, 2), (9, 3), (5, 0), (7, 1)):
+        x = torch.randn(n * 3)
+        got = _window(x.to("ltc:0"), n, start)
+        ltc.mark_step()
+        assert_eager(got, _window(x, n, start))
+    compiles = (metrics.counter_value("UncachedCompile") or 0) + (metrics.counter_value("CompileReuse") or 0)
+    assert compiles == 3
+    # the exact cache still answers first: a length seen before is a plain cache hit
+    before = metrics.counter_value("GenericProgramHit")
+    x = torch.randn(9 * 3)
+    got = _window(x.to("ltc:0"), 9, 3)
+    ltc.mark_step()
+    assert_eager(got, _window(x, 9, 3))
+    assert metrics.counter_value("GenericProgramHit") == before
+
+
+def test_generic_program_keeps_other_graphs_apart(metrics):
+    """Graphs of one skeleton but another dtype, op or operand wiring never share a program."""
+    a = torch.randn(6)
+    outs = []
+    for n in (2, 3):
+        la = a.to("ltc:0")
+        outs.append(((la.reshape(n, -1) + 1).sum(0), (a.reshape(n, -1) + 1).sum(0)))
+        outs.append(((la.reshape(n, -1) * 1).sum(0), (a.reshape(n, -1) * 1).sum(0)))
+        li = a.to(torch.int64).to("ltc:0")
+        outs.append(((li.reshape(n, -1) + 1).sum(0), (a.to(torch.int64).reshape(n, -1) + 1).sum(0)))
+        ltc.mark_step()
+    for got, want in outs:
+        assert_eager(got, want)
+
+
+def test_a_read_runs_the_live_graph_once_no_work_twice(metrics):
+    """A loop that reads a value each iteration without `mark_step` (greedy decoding, a
+    data-dependent stop): each read runs every live tensor's pending work, so the state the
+    loop carries becomes device data and no iteration re-runs an earlier one's ops."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16) / 4
+    state, lstate = torch.randn(1, 16), None
+    lw = w.to("ltc:0")
+    lstate = state.to("ltc:0")
+    per_iteration = []
+    for _ in range(12):
+        before = metrics.counter_value("ExecutedIrNodes") or 0
+        lstate = torch.tanh(lstate @ lw) + 0.1
+        state = torch.tanh(state @ w) + 0.1
+        assert lstate.argmax().item() == state.argmax().item()
+        per_iteration.append(metrics.counter_value("ExecutedIrNodes") - before)
+    assert max(per_iteration) == min(per_iteration), per_iteration   # does not grow
+    assert_eager(lstate, state)

@@ -105,9 +105,12 @@ class TorchScriptBackend(Backend):
     def to_torch(self, value: Any) -> torch.Tensor:
         return value
 
-    def compile(self, order: list[Node], roots: list[tuple[Node, int]], device: torch.device) -> Computation:
+    lifts_ints = True
+
+    def compile(self, order: list[Node], roots: list[tuple[Node, int]], device: torch.device,
+                lifted: Sequence[tuple[int, int, int | None]] = ()) -> Computation:
         lowering = TSLowering(device)
-        graph = lowering.lower(order, roots)
+        graph = lowering.lower(order, roots, lifted)
         # TorchScript programs are shape-generic: graphs that differ only in input shapes (a
         # smaller last batch) usually lower to the same program text, and then share one
         # compiled function instead of compiling and warming up another (LTC compiles again).

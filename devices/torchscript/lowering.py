@@ -7,7 +7,7 @@ from the argument types, so the lowering is generic; only argument *values* need
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch._C import BoolType, FloatType, IntType, ListType, OptionalType, TensorType
@@ -90,8 +90,10 @@ class TSLowering:
         self.input_kinds.append(kind)
         return v
 
-    def emit(self, node: Node, operand_values: list[torch._C.Value]) -> list[torch._C.Value]:
-        """Insert the aten node for `node`; return its flattened tensor outputs."""
+    def emit(self, node: Node, operand_values: list[torch._C.Value],
+             lifted: Sequence[tuple[int, int | None]] = ()) -> list[torch._C.Value]:
+        """Insert the aten node for `node`; return its flattened tensor outputs.  `lifted`:
+        (template index, list index or None) of int constants taken as graph inputs."""
         g = self.graph
         scalar_vals: dict[int, torch._C.Value] = {}
         for e in node.template:  # scalar inputs in index order == template order
@@ -100,10 +102,15 @@ class TSLowering:
                     scalar_vals[e[1]] = self.input(_SCALAR_JIT[e[2]], IN_SCALAR)
                 elif e[0] is RNG:
                     scalar_vals[e[1]] = self.input(OptionalType(_GEN), IN_GENERATOR)
+        ints: dict[int, dict[int | None, torch._C.Value]] = {}
+        for k, i in lifted:      # after the scalars, in (template, list) order
+            ints.setdefault(k, {})[i] = self.input(IntType.get(), IN_SCALAR)
         args = []
         schema_args = node.op._schema.arguments
         for k, e in enumerate(node.template):
-            if type(e) is tuple and e and type(e[0]) is Tag:
+            if k in ints:
+                args.append(self._int_arg(e, ints[k]))
+            elif type(e) is tuple and e and type(e[0]) is Tag:
                 tag = e[0]
                 if tag is TENSOR:
                     args.append(operand_values[e[1]])
@@ -142,13 +149,29 @@ class TSLowering:
                     outs.append(o)
         return outs
 
-    def lower(self, order: list[Node], roots: list[tuple[Node, int]]) -> torch._C.Graph:
+    def _int_arg(self, e: Any, inputs: dict[int | None, torch._C.Value]) -> torch._C.Value:
+        """An int (or `int[]`) argument some of whose ints are graph inputs."""
+        if None in inputs:
+            return inputs[None]
+        values = const_value(e) if type(e[0]) is Tag else e
+        items = [inputs[i] if i in inputs else self.graph.insertConstant(v) for i, v in enumerate(values)]
+        lc = self.graph.create("prim::ListConstruct", items, 1)
+        self.graph.insertNode(lc)
+        lc.output().setType(ListType.ofInts())
+        return lc.output()
+
+    def lower(self, order: list[Node], roots: list[tuple[Node, int]],
+              lifted: Sequence[tuple[int, int, int | None]] = ()) -> torch._C.Graph:
+        by_node: dict[int, list[tuple[int, int | None]]] = {}
+        for j, k, i in lifted:
+            by_node.setdefault(j, []).append((k, i))
         env: dict[int, list[torch._C.Value]] = {}
-        for node in order:
+        for j, node in enumerate(order):
             if node.op is DEVICE_DATA:
                 env[id(node)] = [self.input(_TENSOR, IN_TENSOR)]
             else:
-                env[id(node)] = self.emit(node, [env[id(o)][i] for o, i in node.operands])
+                env[id(node)] = self.emit(node, [env[id(o)][i] for o, i in node.operands],
+                                          by_node.get(j, ()))
         outs = [env[id(n)][i] for n, i in roots]
         g = self.graph
         tup = g.create("prim::TupleConstruct", outs, 1)

@@ -7,7 +7,9 @@ proportional to the graph runs here, on one FIFO compiler thread, as one *prepar
 execution (IR nodes are immutable, so this is safe on any thread):
 
 1. `GraphPlan`: walk the roots in post-order, build the exact graph key and the runtime inputs;
-2. look the key up in the LRU `ComputationCache` (`CachedCompile`), or compile it
+2. look the key up in the LRU `ComputationCache` (`CachedCompile`), then among the generic
+   programs of graphs that differ from it only in int constants (`generic.py`: a growing KV
+   cache compiles twice, not once per length; `CachedCompile` too), or compile it
    (`UncachedCompile`, `CompileTime`; `CompileReuse` when the backend already had the very
    program for another key); a graph the backend cannot compile runs on the IR interpreter
    (`CompileFallback`, with a warning naming where it was scheduled): the step still runs.
@@ -31,6 +33,7 @@ from .._config import config
 from ..backend import Computation
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, post_order
+from . import generic
 from .futures import Worker
 from .interpreter import Interpreter
 
@@ -99,8 +102,10 @@ class ComputationCache:
         return len(self._d)
 
     def clear(self) -> None:
+        """Empty the cache, and the generic programs behind it (`generic.py`)."""
         with self._lock:
             self._d.clear()
+        generic.clear()
 
 
 cache = ComputationCache(config.compile_cache_size)
@@ -127,22 +132,40 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
     if config.ir_debug:
         lint(roots)
     plan = GraphPlan(roots)
-    key = (str(ctx.backend_device), plan.key)
+    device_key = str(ctx.backend_device)
+    key = (device_key, plan.key)
     comp = cache.get(key)
     if comp is not None:
         metrics.counter("CachedCompile")
     else:
-        metrics.counter(metrics.COMPILE_SHAPES_PREFIX + plan.input_shapes())
-        comp = _compile(ctx, plan, label)
+        comp, request = generic.lookup(device_key, plan) if ctx.backend.lifts_ints else (None, None)
+        if comp is not None:   # a generic program of this graph's skeleton: no compile
+            metrics.counter("CachedCompile")
+        else:
+            metrics.counter(metrics.COMPILE_SHAPES_PREFIX + plan.input_shapes())
+            comp, ok = _compile(ctx, plan, label, request.lifted if request else [])
+            if request is not None:
+                comp = request.finish(comp, ok)
         cache.put(key, comp)
     plan.comp = comp
     return plan
 
 
-def _compile(ctx: Any, plan: GraphPlan, label: str) -> Computation:
+def _compile(ctx: Any, plan: GraphPlan, label: str,
+             lifted: list[generic.Position]) -> tuple[Computation, bool]:
+    """Compile `plan` (with `lifted` ints as inputs); also say whether the result is a backend
+    program that took them (False: compiled without lifting, or the interpreter fallback)."""
     t0 = time.perf_counter()
+    ok = True
     try:
-        comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+        try:
+            comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device, lifted=lifted) \
+                if lifted else ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+        except Exception:  # noqa: BLE001 - an op that needs its int constant: compile exactly
+            if not lifted:
+                raise
+            ok = False
+            comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
         # a new graph key, but the backend had this very program compiled already
         metrics.counter("CompileReuse" if comp.reused_program else "UncachedCompile")
     except Exception as e:  # noqa: BLE001 - the step must still run: interpret it eagerly
@@ -151,8 +174,9 @@ def _compile(ctx: Any, plan: GraphPlan, label: str) -> Computation:
         warnings.warn(f"ltc_async: {ctx.backend.name} could not compile the graph scheduled at "
                       f"{label} ({type(e).__name__}: {e}); running it with the IR interpreter")
         comp = Interpreter(plan.order, plan.roots, ctx.backend_device)
+        ok = False
     metrics.add_sample("CompileTime", time.perf_counter() - t0)
-    return comp
+    return comp, ok
 
 
 metrics.before_read(flush)

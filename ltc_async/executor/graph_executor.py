@@ -189,6 +189,7 @@ def _execute(ctx: DeviceContext, prepared: Any, ex: Execution) -> list[Any]:
         else:
             ex.set_marker(ctx.backend, ctx.backend_device)
             metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
+            metrics.counter("ExecutedIrNodes", len(plan.order))
             return outs
     elif not config.salvage:   # LTC semantics: the whole graph fails with its input
         ex.failure = upstream
@@ -246,9 +247,10 @@ def sync_multi(tensors: Sequence[Any], label: str | None = None) -> list[Executi
 
 
 def data_of(t: Any) -> BackendData:
-    """The BackendData of a lazy tensor, scheduling its pending graph first if needed."""
+    """The BackendData of a lazy tensor, scheduling its device's live graph first if needed
+    (see `read`)."""
     if not t._v[0].is_data:
-        sync_tensors(t._ctx, [t])
+        schedule({t._ctx: None})
     return t._v[0].data
 
 
@@ -291,8 +293,25 @@ def collect(tensors: Sequence[Any]) -> list[Any]:
 
 
 def materialize(tensors: Sequence[Any]) -> list[Any]:
-    """Backend `torch.Tensor`s of lazy tensors, waiting only for the executions they need."""
+    """Backend `torch.Tensor`s of lazy tensors, waiting only for the executions they need.
+    Schedules exactly these tensors' pending IR (`ltc.sync`)."""
     sync_multi(tensors)
+    wait_all(needed(tensors))
+    return collect(tensors)
+
+
+def read(tensors: Sequence[Any]) -> list[Any]:
+    """A host read (`.item()`, `.cpu()`, `print`, an eager fallback's inputs, a transfer).
+
+    Unlike `materialize`, it schedules *every live tensor* of the devices read, as `mark_step`
+    does, and waits only for what the read needs.  A read of one tensor would otherwise leave
+    the live tensors that share its graph pending, and their shared part would run again at
+    the next cut: a `generate()` loop reading each new token re-ran all earlier tokens' work
+    (the KV cache stayed pending), and an eager fallback mid-forward re-ran the forward.  The
+    graph this cuts depends on the live tensors, which a loop repeats, so it is cached."""
+    groups = {t._ctx: None for t in tensors}
+    if groups:
+        schedule(groups)
     wait_all(needed(tensors))
     return collect(tensors)
 

@@ -106,7 +106,7 @@ def _materialize_args(args: Any, kwargs: dict) -> tuple[Any, dict, DeviceContext
         collect(v)
     for v in kwargs.values():
         collect(v)
-    values = [eager_layout(v, t._m) for t, v in zip(found, gx.materialize(found))]
+    values = [eager_layout(v, t._m) for t, v in zip(found, gx.read(found))]
     mapping = {id(t): v for t, v in zip(found, values)}
     ctx = found[0]._ctx if found else None
 

@@ -40,7 +40,7 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     if device is not None and device.type != "ltc":
         # Leaving the lazy world: wait for exactly this tensor, copy to the target device.
         metrics.counter("TensorToHost")
-        value = gx.materialize([x])[0]
+        value = gx.read([x])[0]
         out = func(value, **kwargs)
         if kwargs.get("memory_format") in (None, torch.preserve_format):
             out = eager_layout(out, x._m)  # eager's layout for this copy
@@ -121,7 +121,7 @@ def copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
             value = trace(aten.copy.default, info, [dst, value, False])
         dst._ctx.rebind(dst, value._v)
         return dst
-    return dst.copy_(gx.materialize([src])[0])
+    return dst.copy_(gx.read([src])[0])
 
 
 def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:

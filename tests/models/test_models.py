@@ -273,7 +273,6 @@ def test_gpt2_generate_matches_eager(capsys):
     assert torch.equal(got.cpu(), want)
 
 
-@pytest.mark.xfail(reason="issue 9: generate() compiles once per sequence length", strict=True)
 def test_gpt2_generate_compiles_a_bounded_number_of_graphs():
     torch.manual_seed(0)
     lazy = _gpt2().eval().to("ltc:0")
