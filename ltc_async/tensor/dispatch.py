@@ -11,23 +11,20 @@ op's schema once (`ir/schema.py`) and routes every call by what the schema says:
   `Generator?` overload so they draw from the per-device seed.
 
 The module layout follows the pipeline: `dispatch` -> `trace` (+ `shapes`) / `host` /
-`special`; nothing here reaches past the executor.  An op failing inside a C++ autograd formula
-is the one error not raised on the spot (`_defer_backward_error`).
+`special`; nothing here reaches past the executor.  Errors raise on the spot, also inside a
+backward pass (`registration._LtcDeviceGuard` keeps the engine from aborting on them).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
-import threading
-
 from .. import metrics
-from ..executor import arena
-from ..ir.schema import TENSOR, OpInfo, op_info
+from ..ir.schema import OpInfo, op_info
 from . import lazy_tensor
-from .host import adopt, host_op, mutating_host_op
-from .lazy_tensor import LtcTensor
+from .host import host_op, mutating_host_op
 from .special import SPECIAL
 from .trace import trace
 
@@ -35,15 +32,6 @@ _entries: dict[int, tuple[Any, OpInfo]] = {}  # id(op) -> (special handler, OpIn
 
 
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
-    try:
-        return _route(func, args, kwargs)
-    except Exception as e:
-        if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
-            raise
-        return _defer_backward_error(func, args, e)
-
-
-def _route(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
     entry = _entries.get(id(func))  # by id: OpOverload.__hash__ is slow Python code
     if entry is None:
         entry = _entries[id(func)] = (SPECIAL.get(func), op_info(func))
@@ -78,30 +66,14 @@ def _seeded(func: Any, info: OpInfo, full: list) -> Any:
 
 
 class BackwardErrors(threading.local):
-    """The first error an op raised inside the current thread's backward pass (see below)."""
+    """The first error taken from the current thread's backward pass by the device guard (see
+    `registration._LtcDeviceGuard`), raised when the autograd engine returns."""
 
     def __init__(self) -> None:
         self.first: BaseException | None = None
 
 
 backward_errors = BackwardErrors()
-
-
-def _defer_backward_error(func: Any, args: tuple, error: Exception) -> Any:
-    """An op failed inside a C++ autograd formula.  Raising there would abort the process:
-    while the exception unwinds, the engine's stream guard calls PyTorch's Python-backed
-    PrivateUse1 device guard (`type()`) in a noexcept destructor with the Python error still
-    set, and C++ terminates.  So the error is kept for `registration`'s backward wrapper to
-    raise once the engine returns, and the op yields an empty stand-in meanwhile."""
-    if backward_errors.first is None:
-        backward_errors.first = error
-    info = op_info(func)
-    if not info.returns_only_tensors:
-        raise error
-    ctx = next((a._ctx for a in args if type(a) is LtcTensor), None) or arena.get(None)
-    stand_in = [adopt(ctx, torch.empty(0, device=ctx.backend_device)) if k == TENSOR else []
-                for k in info.returns]
-    return stand_in[0] if len(stand_in) == 1 else tuple(stand_in)
 
 
 lazy_tensor._dispatch = dispatch

@@ -10,11 +10,14 @@
 * in-place ops that functionalization would get wrong (result types that cannot be cast back,
   writes through views whose elements share memory, failing in-place view ops) are checked at
   their Python entry points (`inplace.py`);
-* backward passes over ltc tensors run in the calling thread and raise the errors ops deferred
-  inside them (see `_patch_autograd_engine`).
+* backward passes over ltc tensors run in the calling thread (see `_patch_autograd_engine`);
+* the device guard (`_LtcDeviceGuard`) survives a Python error left pending by code that failed
+  inside the autograd engine (an op, an unpack hook, a tensor hook), so that error is raised by
+  `backward()` instead of aborting the process.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
@@ -54,6 +57,37 @@ class _DeviceGuard:
 
     def __exit__(self, *exc: Any) -> None:
         _current.index = self.prev
+
+
+# Any `pythonapi` function called while a Python error is pending raises that error (ctypes checks
+# `PyErr_Occurred()` after each call) and otherwise returns 0: an infallible probe.
+_raise_pending = ctypes.pythonapi.PyErr_Occurred
+_PRIVATE_USE1 = torch._C._autograd.DeviceType.PrivateUse1
+
+
+class _LtcDeviceGuard(torch._C._acc.DeviceGuard):
+    """The device guard of the `ltc` device type.
+
+    PyTorch's Python-backed PrivateUse1 guard (`torch._C._acc.DeviceGuard`) asks Python for the
+    device type (`type_`) on every call, including `exchangeStream` from the autograd engine's
+    stream guard, a `noexcept` destructor.  When a Python callback fails inside the engine (a
+    saved-tensor unpack hook, a tensor hook), PyTorch leaves the Python error set while the C++
+    exception unwinds; calling into Python then fails, and C++ terminates the process.  So this
+    `type_` first takes a pending error inside a backward pass (the engine then ends with an
+    error that carries none) and keeps it for the backward wrapper (`_raising_deferred`), which
+    raises it where `backward()` was called.  Outside a backward pass a pending error is raised
+    again, as before: PyTorch's own handling applies."""
+
+    def type_(self) -> Any:
+        try:
+            _raise_pending()
+        except BaseException as e:  # whatever the callback raised goes back to the caller
+            if torch._C._current_graph_task_id() == -1:
+                raise
+            errors = dispatch_module.backward_errors
+            if errors.first is None:
+                errors.first = e
+        return _PRIVATE_USE1
 
 
 class _LtcDeviceModule:
@@ -244,28 +278,26 @@ def _patch_autograd_engine() -> None:
 
 
 def _raising_deferred(run: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a backward pass; raise the first error an ltc op deferred inside it (see
-    `dispatch._defer_backward_error`), before any error it led to."""
+    """Run a backward pass; if it fails, raise the error the device guard took from the engine
+    (see `_LtcDeviceGuard`), if any: the engine itself then fails with a bare SystemError
+    ("returned NULL without setting an exception")."""
     errors = dispatch_module.backward_errors
     errors.first = None
     try:
-        out = run(*args, **kwargs)
-    except Exception as e:
+        return run(*args, **kwargs)
+    except Exception:
         first, errors.first = errors.first, None
-        if first is not None:
-            raise first from e
-        raise
-    first, errors.first = errors.first, None
-    if first is not None:
-        raise first
-    return out
+        if first is None:
+            raise
+    raise first  # outside the handler: the SystemError is no part of the story
 
 
 def register() -> None:
     global _registered, _lib
     if _registered:
         return
-    _setup_privateuseone_for_python_backend(rename="ltc", backend_module=_LtcDeviceModule())
+    _setup_privateuseone_for_python_backend(rename="ltc", backend_module=_LtcDeviceModule(),
+                                            device_guard=_LtcDeviceGuard())
     _lib = torch.library.Library("_", "IMPL")
     _lib.fallback(_privateuse1_fallback, dispatch_key="PrivateUse1")
     # With the Python key excluded (torch.tensor(..., device=...)), PyTorch looks these up as

@@ -145,12 +145,11 @@ def test_dtype_mismatch_raises_at_the_line():
     assert type(lazy_error.value) is type(eager_error.value)
 
 
-@_bug("an exception from a saved-tensor unpack hook during backward aborts the process: "
-      "torch's C++ PythonDeviceGuard::exchangeStream throws from ~InlineStreamGuard while the "
-      "engine unwinds (PrivateUse1 nodes get a stream guard); a raising Function.backward is fine")
 def test_exception_inside_backward_is_raised():
-    """Errors raised during backward (a saved-tensor unpack hook, a custom Function) reach the
-    caller; the process and the device go on."""
+    """Errors raised during backward (a saved-tensor unpack hook, a tensor hook, a custom
+    Function) reach the caller as on the CPU; the process and the device go on.  (The unpack
+    hook's error used to abort the process: PyTorch's Python-backed device guard was called
+    from the engine's stream guard with the error pending.)"""
     _in_subprocess("""
         x = torch.randn(3).to("ltc:0").requires_grad_()
         def unpack(t):
@@ -163,6 +162,17 @@ def test_exception_inside_backward_is_raised():
             assert "unpack says no" in str(e)
         else:
             raise AssertionError("expected the hook's error")
+
+        def refuse(g):
+            raise KeyError("tensor hook says no")
+        y = x * 2
+        y.register_hook(refuse)
+        try:
+            (y * y).sum().backward()
+        except KeyError as e:
+            assert "tensor hook says no" in str(e)
+        else:
+            raise AssertionError("expected the tensor hook's error")
 
         class Fails(torch.autograd.Function):
             @staticmethod
