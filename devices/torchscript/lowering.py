@@ -53,6 +53,27 @@ def _graph_op_name(op: torch._ops.OpOverload) -> str:
     return name
 
 
+def _is_optional_list(t: torch._C.JitType) -> bool:
+    if isinstance(t, OptionalType):
+        t = t.getElementType()
+    return isinstance(t, ListType) and isinstance(t.getElementType(), OptionalType)
+
+
+def _bool_scalar(node: Node) -> tuple[int, int] | None:
+    """(template index of a bool constant in a `Scalar` slot, index of the `dtype` argument) of
+    an op like `full(size, True)`: TorchScript's Scalar holds no bool, so the bool lowers as an
+    int with the output dtype made explicit (the dtype decides the result, not the number)."""
+    args = node.op._schema.arguments
+    dtype = next((k for k, a in enumerate(args) if a.name == "dtype"), None)
+    if dtype is None:
+        return None
+    for k, e in enumerate(node.template):
+        if (type(e) is tuple and e and e[0] is NUM and type(e[1]) is bool
+                and isinstance(args[k].type, torch._C.NumberType)):
+            return k, dtype
+    return None
+
+
 class TSLowering:
     """Builds one `torch._C.Graph` from a post-ordered IR graph."""
 
@@ -107,6 +128,7 @@ class TSLowering:
             ints.setdefault(k, {})[i] = self.input(IntType.get(), IN_SCALAR)
         args = []
         schema_args = node.op._schema.arguments
+        bool_scalar = _bool_scalar(node)
         for k, e in enumerate(node.template):
             if k in ints:
                 args.append(self._int_arg(e, ints[k]))
@@ -115,18 +137,25 @@ class TSLowering:
                 if tag is TENSOR:
                     args.append(operand_values[e[1]])
                 elif tag is TENSOR_LIST:
-                    has_none = any(r is None for r in e[1])
+                    # `Tensor?[]` keeps its type without Nones too (`index.Tensor`, not the
+                    # `Tensor[]` overload TorchScript would pick otherwise)
+                    optional = any(r is None for r in e[1]) or _is_optional_list(schema_args[k].type)
                     items = [g.insertConstant(None) if r is None else operand_values[r] for r in e[1]]
                     lc = g.create("prim::ListConstruct", items, 1)
                     g.insertNode(lc)
-                    lc.output().setType(ListType(OptionalType(_TENSOR)) if has_none else ListType.ofTensors())
+                    lc.output().setType(ListType(OptionalType(_TENSOR)) if optional else ListType.ofTensors())
                     args.append(lc.output())
                 elif tag is NUM:
-                    args.append(self.constant(const_value(e)))
+                    v = const_value(e)
+                    if bool_scalar and k == bool_scalar[0]:
+                        v = int(v)  # TorchScript has no bool Scalar: the dtype says bool (below)
+                    args.append(self.constant(v))
                 else:  # SCALAR / RNG
                     args.append(scalar_vals[e[1]])
             elif type(e) is tuple and not e:
                 args.append(self.empty_list(schema_args[k].type))
+            elif bool_scalar and k == bool_scalar[1] and e is None:
+                args.append(self.constant(node.outputs[0].dtype))  # the dtype the bool implied
             else:
                 args.append(self.constant(e))
         schema = node.op._schema

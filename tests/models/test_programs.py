@@ -192,13 +192,30 @@ def test_exception_inside_backward_is_raised():
     """)
 
 
-@_bug("index.Tensor (x[idx]) takes the eager fallback")
 def test_integer_indexing_is_traced_not_fallen_back():
     x = torch.randn(5, 3)
     idx = torch.tensor([4, 0, 2])
+    rows = torch.tensor([[1, 3], [0, 0]])
     ltc.metrics.reset()
-    got = x.to("ltc:0")[idx.to("ltc:0")] * 2
-    assert_eager(got, x[idx] * 2)
+    lx, lidx = x.to("ltc:0"), idx.to("ltc:0")
+    assert_eager(lx[lidx] * 2, x[idx] * 2)
+    assert_eager(lx[rows.to("ltc:0"), 1:], x[rows, 1:])
+    assert_eager(lx[lidx, lidx % 3], x[idx, idx % 3])
+    ly, y = lx.clone(), x.clone()
+    ly[lidx] = 7.0
+    y[idx] = 7.0
+    assert_eager(ly, y)
+    assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
+
+
+def test_full_with_a_bool_fill_is_traced():
+    # transformers' generate() builds its "unfinished sequences" flags this way
+    ltc.metrics.reset()
+    got = torch.full((2, 3), True, device="ltc:0")
+    got_like = torch.full_like(torch.zeros(2, 2).to("ltc:0"), True)
+    assert_eager(got, torch.full((2, 3), True))
+    assert_eager(got_like, torch.full_like(torch.zeros(2, 2), True))
+    assert got.dtype == torch.bool and got_like.dtype == torch.float32
     assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
 
 
