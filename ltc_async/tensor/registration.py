@@ -27,7 +27,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from . import dispatch as dispatch_module
-from . import autocast, inplace, modules, storage
+from . import autocast, collectives, inplace, modules, storage
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, unwrap, wrap
@@ -317,4 +317,5 @@ def register() -> None:
     autocast.register()            # torch.autocast('ltc'): CPU's policy
     storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path
     inplace.patch()
+    collectives.register()         # dist collectives on views write through to the base
     _registered = True
