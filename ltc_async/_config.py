@@ -35,6 +35,12 @@ class Config:
     salvage: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_SALVAGE", 1) != 0)
     #: intra-op threads for each CPU device worker (0: torch's default split, see README)
     cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
+    #: append every cut graph's IR, with the user line that cut it, to this file ("": off;
+    #: `ltc.debug.save_graphs`, torch._lazy's LTC_SAVE_TENSORS_FILE)
+    save_graphs: str = field(default_factory=lambda: os.environ.get("LTC_ASYNC_SAVE_GRAPHS", ""))
+    #: schema names ("aten::sub.Tensor") of ops forced onto the eager fallback
+    #: (`ltc.debug.force_fallback`; no environment variable)
+    force_fallback: frozenset = field(default_factory=frozenset)
 
 
 config = Config()

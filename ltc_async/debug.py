@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+import os
+import warnings
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ._config import config
 from .executor import arena
 from .executor import graph_executor as gx
 from .ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value, post_order
+from .tensor import shapes
 from .tensor.lazy_tensor import unwrap
 
 __all__ = ["dump_ir", "graph_hash"]
@@ -43,7 +47,10 @@ def _fmt_arg(e: object, names: dict[tuple[int, int], str], node: Node) -> str:
 def dump_ir(tensors: Sequence[torch.Tensor], fmt: str = "text") -> str:
     """The pending IR graph producing `tensors`: `fmt` is "text", "dot" (Graphviz) or
     "backend" (the backend's lowered program, e.g. TorchScript IR)."""
-    roots = _roots(tensors)
+    return _dump_roots(_roots(tensors), fmt, tensors)
+
+
+def _dump_roots(roots: list[tuple[Node, int]], fmt: str, tensors: Sequence[torch.Tensor] = ()) -> str:
     if fmt == "backend":
         order = post_order([n for n, _ in roots])
         ctx = unwrap(tensors[0])._ctx
@@ -99,3 +106,94 @@ def _stable(x: object) -> object:
 
 
 del arena
+
+
+# -- torch._lazy's debugging switches: forcing the eager fallback, saving every cut graph ----
+
+class _Restorer:
+    """What `force_fallback` / `save_graphs` return: the setting is made by the call; used as a
+    context manager, the previous setting comes back on exit."""
+
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self._undo = undo
+
+    def __enter__(self) -> "_Restorer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._undo()
+
+
+def _overloads(name: str) -> set[str]:
+    """Schema names ("aten::sub.Tensor", "aten::relu") of "aten::sub" (every overload),
+    "aten::sub.Tensor" (that one) or "sub" (short for aten::sub)."""
+    qual = name if "::" in name else "aten::" + name
+    base, _, overload = qual.partition(".")
+    ns, _, op = base.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        schemas = [getattr(packet, ov)._schema for ov in ([overload] if overload else packet.overloads())]
+    except (AttributeError, RuntimeError):
+        raise ValueError(f"force_fallback: no op named {name!r}") from None
+    return {s.name + ("." + s.overload_name if s.overload_name else "") for s in schemas}
+
+
+def _set_forced(names: frozenset) -> None:
+    config.force_fallback = names
+    shapes.cache.clear()  # it remembers per signature whether an op lowers: decide again
+
+
+def force_fallback(ops: str | Iterable[str] = ()) -> _Restorer:
+    """Make the named aten ops run through the eager fallback instead of into graphs
+    (torch._lazy's `config.set_force_fallback("aten::sub")`), to test the fallback path or to
+    rule an op's lowering out while debugging.  `ops`: "aten::sub" (every overload),
+    "aten::sub.Tensor" (one overload), "sub", a comma-separated string or a list of these;
+    empty restores normal lowering.  Replaces the current set.  Used as a context manager
+    (`with ltc.debug.force_fallback("aten::sub"):`) the previous set comes back on exit.
+    Unknown names raise `ValueError`.  Ops with their own handlers (device copies and
+    transfers, batch norm's entry point) are not affected; `EagerFallback::<op>` counts."""
+    names = [n.strip() for n in ops.split(",")] if isinstance(ops, str) else list(ops)
+    forced: set[str] = set()
+    for n in names:
+        if n:
+            forced |= _overloads(n)
+    prev = config.force_fallback
+    _set_forced(frozenset(forced))
+    return _Restorer(lambda: _set_forced(prev))
+
+
+def save_graphs(path: str | os.PathLike | None) -> _Restorer:
+    """Append every graph cut from now on (by `mark_step`, a sync or a read) to the text file
+    `path`, as `dump_ir` text with a header naming the device, the graph hash and the user's
+    `file:line` that cut it (torch._lazy's `LTC_SAVE_TENSORS_FILE`); `None` stops.  Also
+    `LTC_ASYNC_SAVE_GRAPHS=<path>`.  With `LTC_ASYNC_IR_DEBUG=1` every node also names the
+    user line that traced it.  Graphs are written by the compiler thread, in cut order, before
+    they compile; used as a context manager, the previous setting comes back on exit."""
+    prev = config.save_graphs
+    config.save_graphs = os.fspath(path) if path else ""
+    return _Restorer(lambda: setattr(config, "save_graphs", prev))
+
+
+_saved = [0]            # graphs written by this process
+_save_failed: set = set()
+
+
+def _save_graph(ctx: Any, plan: Any, label: str) -> None:
+    """The compiler thread's hook (`executor/compiler.py`) while `save_graphs` is on."""
+    path = config.save_graphs
+    if not path:
+        return
+    _saved[0] += 1
+    digest = hashlib.sha1(repr(_stable(plan.key)).encode()).hexdigest()
+    text = (f"[ltc_async graph {_saved[0]}] {ctx.device}, {len(plan.order)} nodes, hash {digest}\n"
+            f"cut at {label}\n{_dump_roots(plan.roots, 'text')}\n")
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:  # a debugging aid must not fail the step
+        if path not in _save_failed:
+            _save_failed.add(path)
+            warnings.warn(f"ltc_async: cannot save graphs to {path!r}: {e}")
+
+
+__all__ += ["force_fallback", "save_graphs"]

@@ -132,6 +132,9 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
     if config.ir_debug:
         lint(roots)
     plan = GraphPlan(roots)
+    if config.save_graphs:   # `ltc.debug.save_graphs` / LTC_ASYNC_SAVE_GRAPHS
+        from ..debug import _save_graph
+        _save_graph(ctx, plan, label)
     device_key = str(ctx.backend_device)
     key = (device_key, plan.key)
     comp = cache.get(key)

@@ -170,7 +170,8 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
     skey = (info.qualname, tpl, tuple([n.outputs[i] for n, i in operands]))
     res = shapes.cache.get(skey)
     if res is None:
-        res = shapes.FALLBACK if func in _LAYOUT_DEPENDENT else shapes.infer(func, info, full)
+        res = shapes.FALLBACK if func in _LAYOUT_DEPENDENT or info.qualname in config.force_fallback \
+            else shapes.infer(func, info, full)   # force_fallback: `ltc.debug.force_fallback`
         if res is not shapes.FALLBACK and not ctx.backend.can_lower(
                 Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1], op_key=info.qualname)):
             res = shapes.FALLBACK
