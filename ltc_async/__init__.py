@@ -10,6 +10,8 @@ from . import debug, metrics
 from .aio import mark_step_async, sync_async, to_cpu_async, wait_device_ops_async
 from .api import (add_step_closure, backend_device, devices, init, mark_step, sync, to_cpu,
                   wait_device_ops)
+from .diagnostics.recompiles import RecompileWarning
+from .diagnostics.sync_guard import UnexpectedSyncError, UnexpectedSyncWarning, sync_guard
 from .executor.futures import ComputationError, ExecutionError
 from .tensor.registration import register as _register
 
@@ -20,5 +22,6 @@ __all__ = [
     "mark_step", "wait_device_ops", "sync", "to_cpu", "add_step_closure",
     "mark_step_async", "wait_device_ops_async", "sync_async", "to_cpu_async",
     "metrics", "debug", "ExecutionError", "ComputationError",
+    "sync_guard", "RecompileWarning", "UnexpectedSyncWarning", "UnexpectedSyncError",
 ]
 __version__ = "0.1.0"

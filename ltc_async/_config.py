@@ -35,6 +35,13 @@ class Config:
     salvage: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_SALVAGE", 1) != 0)
     #: intra-op threads for each CPU device worker (0: torch's default split, see README)
     cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
+    #: warn (`ltc.RecompileWarning`) on every graph-cache miss at a call site after its first,
+    #: naming the first difference from the closest cached graph (`ltc.debug.explain_recompiles`)
+    explain_recompiles: bool = field(
+        default_factory=lambda: _env_int("LTC_ASYNC_EXPLAIN_RECOMPILES", 0) != 0)
+    #: what an implicit device-to-host sync (`.item()`, `bool(t)`, ...) does: "allow", "warn" or
+    #: "raise" (`ltc.sync_guard`)
+    sync_guard: str = field(default_factory=lambda: os.environ.get("LTC_ASYNC_SYNC_GUARD") or "allow")
     #: append every cut graph's IR, with the user line that cut it, to this file ("": off;
     #: `ltc.debug.save_graphs`, torch._lazy's LTC_SAVE_TENSORS_FILE)
     save_graphs: str = field(default_factory=lambda: os.environ.get("LTC_ASYNC_SAVE_GRAPHS", ""))

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from . import api
+from .diagnostics import hooks as _dx
 from .executor import arena
 from .executor import graph_executor as gx
 from .executor.futures import wait_async
@@ -27,6 +28,8 @@ async def mark_step_async(device: Any = None) -> None:
     """`mark_step` for trio: returns once the step is queued (a full queue is awaited)."""
     ctxs = arena.resolve(device)
     executions = await gx.mark_step_async(ctxs)
+    if _dx.on:   # diagnostics: the timeline's step numbers
+        _dx.step_done(ctxs)
     sync_closures = api._closures.after_step(executions)
     if sync_closures:
         await wait_async(executions)

@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from .diagnostics import hooks as _dx
+from .diagnostics.sync_guard import exempt as _reads_allowed
 from .executor import arena
 from .executor import graph_executor as gx
 from .executor.futures import Execution, ExecutionError, Worker, strip_frames, wait_all, wait_async
@@ -44,6 +46,8 @@ def mark_step(device: Any = None, wait: bool = False) -> None:
     """
     ctxs = arena.resolve(device)
     executions = gx.mark_step(ctxs)
+    if _dx.on:   # diagnostics: the timeline's step numbers
+        _dx.step_done(ctxs)
     sync_closures = _closures.after_step(executions)
     if sync_closures:
         wait_all(executions)
@@ -93,8 +97,9 @@ def to_cpu(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 # -- step closures --------------------------------------------------------------------------
 
 def _run_all(closures: list[tuple[Callable, tuple]]) -> None:
-    for fn, a in closures:
-        fn(*a)
+    with _reads_allowed():   # reads in step closures are explicit (`ltc.sync_guard`)
+        for fn, a in closures:
+            fn(*a)
 
 
 class _StepClosures:
@@ -127,7 +132,8 @@ class _StepClosures:
         wait_all(executions)
         for fn, a in closures:
             try:
-                fn(*a)
+                with _reads_allowed():   # reads in step closures are explicit
+                    fn(*a)
             except BaseException as e:  # noqa: BLE001 - re-raised at the next barrier
                 with self._lock:
                     self._errors.append(strip_frames(e))

@@ -1,4 +1,5 @@
-"""IR dumps and graph hashes (LTC's `ir_dump_util`, `torch._lazy.debug`)."""
+"""IR dumps and graph hashes (LTC's `ir_dump_util`, `torch._lazy.debug`), and the diagnostics:
+recompile explanations and step timelines (`diagnostics/`)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,13 +10,32 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ._config import config
+from .diagnostics import recompiles as _recompiles
+from .diagnostics.recompiles import RecompileWarning
+from .diagnostics.timeline import Span, Timeline, timeline
 from .executor import arena
 from .executor import graph_executor as gx
 from .ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value, post_order
 from .tensor import shapes
 from .tensor.lazy_tensor import unwrap
 
-__all__ = ["dump_ir", "graph_hash"]
+__all__ = ["dump_ir", "graph_hash", "explain_recompiles", "recompile_log", "timeline", "Timeline",
+           "Span", "RecompileWarning"]
+
+
+def explain_recompiles(enabled: bool = True) -> None:
+    """Explain every graph-cache miss at a call site after its first graph there (also
+    `LTC_ASYNC_EXPLAIN_RECOMPILES=1`): an `ltc.RecompileWarning` at the user's `mark_step` /
+    sync line names the call site, the closest cached graph and the first difference (node,
+    op, which of shape / dtype / constant / op / input differs with both values, and the line
+    that traced the node).  While on, node origins are recorded (`LTC_ASYNC_IR_DEBUG`) and
+    `mark_step` returns once its graph is compiled (the warning comes from the caller's line)."""
+    _recompiles.enable(enabled)
+
+
+def recompile_log() -> list[str]:
+    """The most recent recompile explanations, oldest first."""
+    return _recompiles.recompile_log()
 
 
 def _roots(tensors: Sequence[torch.Tensor]) -> list[tuple[Node, int]]:

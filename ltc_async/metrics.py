@@ -2,8 +2,9 @@
 
 Counters are plain integers bumped on the hot path (one dict operation, no lock: CPython's GIL
 makes `d[k] = d.get(k, 0) + n` lose at most a count under contention, which is acceptable for
-observability and far cheaper than a lock per traced op).  Metrics keep a count, a sum and the
-most recent samples.
+observability and far cheaper than a lock per traced op).  Metrics keep a count, a sum, the
+most recent samples and when the first one started and the last one ended (`activity_window`).
+`report()` ends with findings, each with its fix (`diagnostics/findings.py`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 __all__ = ["counter_names", "counter_value", "metric_names", "metric_data", "reset", "report",
-           "counter", "timed", "compiles_by_shape"]
+           "counter", "timed", "compiles_by_shape", "findings", "activity_window"]
 
 #: counters `CompileShapes::<input shapes>` count compiles per set of graph-input shapes
 COMPILE_SHAPES_PREFIX = "CompileShapes::"
@@ -25,7 +26,7 @@ ALWAYS_PRESENT = ("MarkStep", "CachedCompile", "UncachedCompile", "DeviceDataCac
 
 _MAX_SAMPLES = 1024
 _counters: dict[str, int] = {}
-_metrics: dict[str, list] = {}  # name -> [count, sum, deque(samples)]
+_metrics: dict[str, list] = {}  # name -> [count, sum, deque(samples), first start, last end]
 _metrics_lock = threading.Lock()
 
 
@@ -49,13 +50,15 @@ def _settle() -> None:
 
 
 def add_sample(name: str, value: float) -> None:
+    now = time.perf_counter()
     with _metrics_lock:
         m = _metrics.get(name)
         if m is None:
-            m = _metrics[name] = [0, 0.0, collections.deque(maxlen=_MAX_SAMPLES)]
+            m = _metrics[name] = [0, 0.0, collections.deque(maxlen=_MAX_SAMPLES), now - value, now]
         m[0] += 1
         m[1] += value
         m[2].append(value)
+        m[4] = now
 
 
 @contextmanager
@@ -96,6 +99,15 @@ def metric_data(name: str) -> tuple[int, float, list[float]] | None:
         return None if m is None else (m[0], m[1], list(m[2]))
 
 
+def activity_window(name: str) -> tuple[float, float] | None:
+    """(`time.perf_counter()` when the first sample of a timing metric started, when the last
+    one ended), since the last `reset()`; None if never recorded."""
+    _settle()
+    with _metrics_lock:
+        m = _metrics.get(name)
+        return None if m is None else (m[3], m[4])
+
+
 def compiles_by_shape() -> dict[str, int]:
     """Compiles per distinct set of graph-input shapes ("64x64,64" -> 1)."""
     _settle()
@@ -104,11 +116,13 @@ def compiles_by_shape() -> dict[str, int]:
 
 
 def reset() -> None:
-    """Forget all counters and metrics."""
+    """Forget all counters, metrics and the findings' records."""
+    from .diagnostics import findings as _findings
     _settle()
     _counters.clear()
     with _metrics_lock:
         _metrics.clear()
+    _findings.reset()
 
 
 def _fmt_time(s: float) -> str:
@@ -119,8 +133,19 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.1f}us"
 
 
+def findings() -> list:
+    """What the metrics suggest changing: a list of `Finding`s (`kind`, `title`, `details`,
+    `fix`), the same as the end of `report()`."""
+    from .diagnostics import findings as _findings
+    _settle()
+    return _findings.findings()
+
+
 def report() -> str:
-    """A human-readable summary of every metric and counter."""
+    """A human-readable summary of every metric and counter, ending with findings: eager
+    fallbacks by op and user line, recompiles by call site, syncs per step, devices idle while
+    the host traces, each with what to change."""
+    from .diagnostics import findings as _findings
     _settle()
     lines = []
     with _metrics_lock:
@@ -131,4 +156,4 @@ def report() -> str:
                      f"  Median (recent): {_fmt_time(med)}")
     for name in counter_names():
         lines.append(f"Counter: {name}\n  Value: {_counters.get(name, 0)}")
-    return "\n".join(lines) + ("\n" if lines else "")
+    return "\n".join(lines) + ("\n" if lines else "") + _findings.render()

@@ -31,6 +31,7 @@ from typing import Any
 from .. import metrics
 from .._config import config
 from ..backend import Computation
+from ..diagnostics import hooks as _dx
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, post_order
 from . import generic
@@ -118,7 +119,10 @@ def prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> "cf.Future[G
     global _last
     fut: cf.Future = cf.Future()
     _last = fut
-    return worker.submit(lambda: _prepare(ctx, roots, label), fut)
+    job = lambda: _prepare(ctx, roots, label)
+    if _dx.on or _dx.profiler._is_profiler_enabled:  # diagnostics (timeline, profiler, recompiles)
+        job = _dx.prepare_job(job, ctx, label, fut)
+    return worker.submit(job, fut)
 
 
 def flush() -> None:
@@ -138,6 +142,8 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
     device_key = str(ctx.backend_device)
     key = (device_key, plan.key)
     comp = cache.get(key)
+    if comp is None or _dx.on:   # findings, recompile explanations (diagnostics/hooks.py)
+        _dx.looked_up(ctx, plan, label, comp is not None)
     if comp is not None:
         metrics.counter("CachedCompile")
     else:

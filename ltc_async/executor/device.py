@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from ..diagnostics import hooks as _dx
 from .futures import Execution, ExecutionError, Failed, Worker, wait_async
 
 _MASK64 = (1 << 64) - 1
@@ -173,6 +174,8 @@ class DeviceContext:
             ex = Execution(label, self, self._seq)
             self._inflight.append(ex)
             self._last = ex
+        if _dx.on or _dx.profiler._is_profiler_enabled:   # diagnostics: timeline, profiler
+            fn = _dx.execution_job(fn, ex)
         return self.worker.submit(lambda: self._run(fn, ex, slot), ex)
 
     def _run(self, fn: Callable[[Execution], Any], ex: Execution, slot: bool) -> Any:

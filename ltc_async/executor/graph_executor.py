@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from .. import metrics
 from .._config import config
+from ..diagnostics import hooks as _dx
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
 from . import compiler
 from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
@@ -114,6 +115,8 @@ def schedule(groups: dict[DeviceContext, Any], label: str | None = None) -> list
     while True:
         r = _try_schedule(groups, label)
         if type(r) is not _Full:
+            if _dx.on:   # diagnostics: recompile warnings at the caller's line
+                _dx.scheduled()
             return r
         _wait_for_slot(r.ctx)
 
@@ -136,6 +139,8 @@ async def schedule_async(groups: dict[DeviceContext, Any], label: str | None = N
     while True:
         r = _try_schedule(groups, label)
         if type(r) is not _Full:
+            if _dx.on:   # diagnostics: recompile warnings at the caller's line
+                await _dx.scheduled_async()
             return r
         oldest = r.ctx.oldest()
         if oldest is not None:
@@ -261,6 +266,8 @@ def needed(tensors: Sequence[Any]) -> list[Execution]:
         f = t._v[0].data.future
         if f is not None:
             found[id(f)] = f
+    if _dx.on:   # diagnostics: a host read's wait begins
+        _dx.read_begins()
     return list(found.values())
 
 
@@ -288,6 +295,8 @@ def collect(tensors: Sequence[Any]) -> list[Any]:
             t._ctx.discard_error(data.seq)
             raise
         out.append(t._ctx.backend.to_torch(value))
+    if _dx.on:   # diagnostics: the host read has its data
+        _dx.read_ends(tensors)
     raise_errors(coverage(tensors))
     return out
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import metrics
+from ..diagnostics import hooks as _dx
 from ..executor import arena
 from ..executor import graph_executor as gx
 from ..executor.device import DeviceContext
@@ -147,6 +148,7 @@ def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> A
     `ts_eager_fallback`): sync its inputs, call the aten op, keep the result as device data."""
     metrics.counter("EagerFallback")
     metrics.counter("EagerFallback::" + info.name)
+    _dx.fallback(info.name, full)   # findings (op, user line); the sync guard
     n = info.n_positional_max
     args, kwargs, _ = _materialize_args(*info.split(full))
     for i, k in enumerate(info.kinds):
@@ -163,6 +165,7 @@ def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> A
 def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     """Ops whose result is not a tensor (`.item()`, `bool(t)`, `equal`): a data-dependent sync."""
     metrics.counter("DataDependentSync")
+    _dx.host_read(func)   # findings (user line); the sync guard
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     out = func(*hargs, **hkwargs)
     return _wrap_outputs(out, ctx) if ctx is not None else out

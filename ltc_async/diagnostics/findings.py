@@ -1,0 +1,191 @@
+"""What `ltc.metrics.report()` concludes: findings, each with the fix (PyTorch/XLA's debug
+analysis, `pt-xla-profiler`, is the model).
+
+Design note.  The counters say *how often*; a user needs *where* and *what to change*.  The
+slow paths record their user line as they happen, whether or not any diagnostic is on: an eager
+fallback (by op and line), an implicit device-to-host sync (by kind and line) and a graph-cache
+miss (by call site and device).  Each already costs a device wait or a compile, so the frame
+walk is noise there; the hot paths (tracing, cache hits) record nothing.  `findings()` reads
+these tables and the metrics into a short list:
+
+1. eager fallbacks by op and user line;
+2. recompiles by call site (plus the input shapes compiled, when several);
+3. host syncs per step (implicit ones by line, explicit reads per step);
+4. devices idle while the host traces (the `ExecuteTime` samples against the time between the
+   first and the last execution).
+
+Thresholds are deliberately low: a finding is a hint with numbers, not a verdict.  The tables
+are bounded (`_MAX_KEYS` entries each; the rest is counted under one "(other lines)" entry) and
+cleared by `ltc.metrics.reset()`.  `_lock` guards them; it is a leaf lock.
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+__all__ = ["Finding", "findings", "render"]
+
+_MAX_KEYS = 512
+_OTHER = ("(other)", "(other lines)")
+_lock = threading.Lock()
+_fallbacks: dict[tuple[str, str], int] = {}   # (op, user line) -> count
+_syncs: dict[tuple[str, str], int] = {}       # (what, user line) -> count
+_compiles: dict[tuple[str, str], int] = {}    # (call site, device) -> graph-cache misses
+
+
+class Finding(NamedTuple):
+    """One conclusion of `ltc.metrics.report()`: what was seen, where, and what to do."""
+
+    kind: str            # "fallback", "recompile", "sync", "idle"
+    title: str           # one line with the numbers
+    details: list[str]   # where (op / call site / line), most frequent first
+    fix: str             # what to change
+
+    def __str__(self) -> str:
+        lines = [self.title] + [f"    {d}" for d in self.details] + [f"  Fix: {self.fix}"]
+        return "\n".join(lines)
+
+
+def _bump(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+    with _lock:
+        if key not in table and len(table) >= _MAX_KEYS:
+            key = _OTHER
+        table[key] = table.get(key, 0) + 1
+
+
+def fallback(op: str, where: str) -> None:
+    _bump(_fallbacks, (op, where))
+
+
+def synced(what: str, where: str) -> None:
+    _bump(_syncs, (what, where))
+
+
+def compiled(label: str, device: str) -> None:
+    _bump(_compiles, (label, device))
+
+
+def reset() -> None:
+    with _lock:
+        _fallbacks.clear()
+        _syncs.clear()
+        _compiles.clear()
+
+
+def _top(table: dict[tuple[str, str], int], n: int = 5) -> list[tuple[tuple[str, str], int]]:
+    with _lock:
+        items = list(table.items())
+    return sorted(items, key=lambda kv: -kv[1])[:n]
+
+
+def _more(table: dict, shown: int) -> list[str]:
+    rest = len(table) - shown
+    return [f"... and {rest} more"] if rest > 0 else []
+
+
+def findings() -> list[Finding]:
+    """The findings for the activity since the last `ltc.metrics.reset()`."""
+    # metrics imports this module lazily: no cycle at import time
+    from .. import metrics
+    out: list[Finding] = []
+    steps = metrics.counter_value("MarkStep") or 0
+
+    n_fallback = sum(_fallbacks.values())
+    if n_fallback:
+        top = _top(_fallbacks)
+        out.append(Finding(
+            "fallback",
+            f"Eager fallbacks: {n_fallback} op call(s) ran eagerly instead of in the graph "
+            f"({_per_step(n_fallback, steps)}); each one that reads device data first waits "
+            f"for the device and splits the step's graph.",
+            [f"{op} x{c} at {where}" for (op, where), c in top] + _more(_fallbacks, len(top)),
+            "replace the op with one that lowers (a mask or torch.where instead of nonzero / "
+            "boolean indexing, fixed sizes instead of data-dependent ones; "
+            "devices/torchscript/ops.yaml lists what compiles), or move it out of the step."))
+
+    recompiled = {k: c for k, c in list(_compiles.items()) if c > 1}
+    if recompiled:
+        top = sorted(recompiled.items(), key=lambda kv: -kv[1])[:5]
+        details = [f"{label} on {dev}: {c} graphs ({c - 1} after the first)"
+                   for (label, dev), c in top] + _more(recompiled, len(top))
+        shapes = metrics.compiles_by_shape()
+        if len(shapes) > 1:
+            details.append("input shapes compiled: " + "; ".join(
+                f"{s} x{c}" for s, c in sorted(shapes.items(), key=lambda kv: -kv[1])[:6]))
+        compile_s = (metrics.metric_data("CompileTime") or (0, 0.0, []))[1]
+        out.append(Finding(
+            "recompile",
+            f"Recompiles: {sum(c - 1 for c in recompiled.values())} new graph(s) at call sites "
+            f"that had compiled before ({metrics._fmt_time(compile_s)} compiling in all).",
+            details,
+            "run with ltc.debug.explain_recompiles(True) (or LTC_ASYNC_EXPLAIN_RECOMPILES=1): "
+            "each recompile then names its first difference. Usual causes: a smaller last "
+            "batch (drop_last=True, or pad it), a Python number baked in as a constant (keep "
+            "it fixed or pass a tensor), a changing dtype, data-dependent branches."))
+
+    n_sync = sum(_syncs.values())
+    reads = metrics.counter_value("TensorToHost") or 0
+    if n_sync:
+        top = _top(_syncs)
+        out.append(Finding(
+            "sync",
+            f"Implicit syncs: {n_sync} device-to-host read(s) the program did not ask for "
+            f"explicitly ({_per_step(n_sync, steps)}); each waits for the device, so tracing "
+            f"and execution stop overlapping.",
+            [f"{what} x{c} at {where}" for (what, where), c in top] + _more(_syncs, len(top)),
+            "keep values on the device (torch.where instead of `if t:`), read them every N "
+            "steps or in ltc.add_step_closure(fn, run_async=True); ltc.sync_guard('warn') or "
+            "('raise') points at each one."))
+    elif steps >= 3 and reads >= steps:
+        out.append(Finding(
+            "sync",
+            f"Host reads: {reads} explicit read(s) (.cpu(), print, .tolist()) over {steps} "
+            f"steps ({_per_step(reads, steps)}); each waits for its step to finish.",
+            [],
+            "read every N steps, or in ltc.add_step_closure(fn, run_async=True)."))
+
+    idle = _idle_finding(metrics, steps)
+    if idle is not None:
+        out.append(idle)
+    return out
+
+
+def _per_step(n: int, steps: int) -> str:
+    return f"{n / steps:.1f} per step over {steps} mark_step(s)" if steps else "no mark_step yet"
+
+
+def _idle_finding(metrics, steps: int) -> Finding | None:
+    span = metrics.activity_window("ExecuteTime")
+    data = metrics.metric_data("ExecuteTime")
+    if span is None or data is None or steps < 3:
+        return None
+    window = span[1] - span[0]
+    if window < 0.02:
+        return None
+    from ..executor import arena
+    used = sum(1 for c in (arena._contexts or ()) if c._seq) or 1
+    busy = data[1] / (window * used)
+    if busy >= 0.5:
+        return None
+    trace = metrics.metric_data("SyncTensorsGraph")
+    return Finding(
+        "idle",
+        f"Devices idle: busy {busy:.0%} of the {window:.2f}s between the first and the last "
+        f"execution ({data[0]} executions on {used} device(s), {data[1] / data[0] * 1e3:.2f}ms "
+        f"each): the device waits for the host.",
+        [f"{steps} mark_step(s); cutting graphs took {trace[1] * 1e3:.1f}ms in all"] if trace else [],
+        "find where the host's time goes with ltc.debug.timeline(); trace less Python per step "
+        "(torch.compile(model, backend='ltc') captures once), remove syncs (see above), load "
+        "inputs ahead with ltc_async.data.DeviceLoader, or give the device more work per step "
+        "(a larger batch).")
+
+
+def render() -> str:
+    """The findings as text (the end of `ltc.metrics.report()`)."""
+    found = findings()
+    if not found:
+        return "Findings: none (no eager fallbacks, recompiles, implicit syncs or idle devices seen)\n"
+    lines = [f"Findings ({len(found)}):"]
+    for i, f in enumerate(found, 1):
+        lines.append(f"{i}. {f}")
+    return "\n".join(lines) + "\n"
