@@ -4,7 +4,8 @@ Design note.  LTC generates a C++ IR class and kernel per op with torchgen; ltc_
 op's schema once (`ir/schema.py`) and routes every call by what the schema says:
 
 * a few ops have explicit handlers (`special.py`: device transfers, uploads through `copy`,
-  identity ops, batch norm's hidden running-stat update);
+  identity ops, batch norm's hidden running-stat update), a few are traced as the ops they
+  decompose into (`decompositions.py`: `_foreach_*` with scalar lists, the fused RNN cells);
 * ops that write their arguments with no functional form run on host copies (`host.py`);
 * ops returning non-tensors (`.item()`, `bool(t)`) sync their inputs (`host.py`);
 * everything else is traced into an IR node (`trace.py`), random ops through their
@@ -24,17 +25,18 @@ import torch
 from .. import metrics
 from ..ir.schema import OpInfo, op_info
 from . import lazy_tensor
+from .decompositions import DECOMPOSITIONS
 from .host import host_op, mutating_host_op
 from .special import SPECIAL
 from .trace import trace
 
-_entries: dict[int, tuple[Any, OpInfo]] = {}  # id(op) -> (special handler, OpInfo)
+_entries: dict[int, tuple[Any, OpInfo]] = {}  # id(op) -> (special handler or decomposition, OpInfo)
 
 
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
     entry = _entries.get(id(func))  # by id: OpOverload.__hash__ is slow Python code
     if entry is None:
-        entry = _entries[id(func)] = (SPECIAL.get(func), op_info(func))
+        entry = _entries[id(func)] = (SPECIAL.get(func) or DECOMPOSITIONS.get(func), op_info(func))
     handler, info = entry
     if handler is not None:
         return handler(func, args, kwargs or {})

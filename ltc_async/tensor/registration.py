@@ -26,6 +26,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..executor import arena
 from ..executor import graph_executor as gx
+from . import decompositions
 from . import dispatch as dispatch_module
 from . import autocast, collectives, inplace, modules, storage
 from .dispatch import dispatch
@@ -317,5 +318,6 @@ def register() -> None:
     autocast.register()            # torch.autocast('ltc'): CPU's policy
     storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path
     inplace.patch()
+    decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
     collectives.register()         # dist collectives on views write through to the base
     _registered = True

@@ -5,14 +5,15 @@ Each is compared with eager.  Cases that crash the interpreter today (segfault, 
 subprocess, so one crash fails one test, not the run.  Known bugs are strict xfails (issue 9)."""
 from __future__ import annotations
 
+import copy
 import io
 import textwrap
 
 import pytest
 import torch
+from conftest import assert_eager, run_python
 
 import ltc_async as ltc
-from conftest import assert_eager, run_python
 
 
 def _bug(reason: str):
@@ -237,3 +238,110 @@ def test_tied_weights_train_like_eager():
             opt.step()
     assert len(list(models["lazy"].parameters())) == 1
     assert_eager(models["lazy"]["emb"].weight.detach(), models["eager"]["emb"].weight.detach())
+
+
+_OPTIMIZERS = {
+    "Adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    "Adam_amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+    "NAdam": lambda p: torch.optim.NAdam(p, lr=1e-2),
+    "RAdam": lambda p: torch.optim.RAdam(p, lr=1e-2),
+    "Adamax": lambda p: torch.optim.Adamax(p, lr=1e-2),
+}
+
+
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_foreach_optimizers_train_like_eager_without_fallbacks_or_recompiles(name):
+    """The default (foreach) optimizer steps pass per-step values such as Adam's bias
+    corrections as lists of scalars (`_foreach_div.ScalarList`, `_foreach_addcdiv.ScalarList`):
+    they used to take the eager fallback; they must compile once and not again for new values."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    batches = [torch.randn(3, 4) for _ in range(6)]
+    result = {}
+    for dev in ("cpu", "ltc:0"):
+        model = copy.deepcopy(base).to(dev)
+        opt = _OPTIMIZERS[name](model.parameters())
+        for step, x in enumerate(batches):
+            if step == 3:
+                ltc.metrics.reset()
+            opt.zero_grad()
+            model(x.to(dev)).pow(2).sum().backward()
+            opt.step()
+            if dev != "cpu":
+                ltc.mark_step()
+        result[dev] = model
+    for p, q in zip(result["cpu"].parameters(), result["ltc:0"].parameters()):
+        assert_eager(q.detach(), p.detach())
+    assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
+    assert sum(ltc.metrics.counter_value(c) or 0 for c in ("UncachedCompile", "CompileReuse")) == 0
+
+
+def _lstm_with_state(dev):
+    torch.manual_seed(0)
+    m = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True).to(dev)
+    x, h0, c0 = torch.randn(3, 5, 8), torch.randn(2, 3, 16), torch.randn(2, 3, 16)
+    out, (hn, cn) = m(x.to(dev), (h0.to(dev), c0.to(dev)))
+    return m, out.pow(2).mean() + hn.sum() + cn.pow(2).sum()
+
+
+def _lstm_projected(dev):
+    torch.manual_seed(0)
+    m = torch.nn.LSTM(8, 16, proj_size=4, bidirectional=True).to(dev)
+    out, _ = m(torch.randn(5, 3, 8).to(dev))
+    return m, out.pow(2).sum()
+
+
+def _gru_without_bias(dev):
+    torch.manual_seed(0)
+    m = torch.nn.GRU(8, 16, num_layers=2, bias=False).to(dev)
+    out, hn = m(torch.randn(5, 3, 8).to(dev))
+    return m, out.pow(2).sum() + hn.sum()
+
+
+def _lstm_cell_double_backward(dev):
+    """A gradient penalty: backward through the cell's backward (create_graph=True)."""
+    torch.manual_seed(0)
+    m = torch.nn.LSTMCell(8, 16).to(dev)
+    x = torch.randn(3, 8).to(dev).requires_grad_()
+    h, c = m(x)
+    g, = torch.autograd.grad((h * c).sum(), x, create_graph=True)
+    return m, g.pow(2).sum()
+
+
+@pytest.mark.parametrize("program", [_lstm_with_state, _lstm_projected, _gru_without_bias,
+                                     _lstm_cell_double_backward], ids=lambda f: f.__name__[1:])
+def test_recurrent_modules_match_eager_without_fallbacks(program):
+    """ATen picks the fused RNN cells (`_thnn_fused_lstm_cell`, CUDA kernels only) for every
+    non-CPU device: they are traced as their pointwise ops, forward and backward."""
+    em, eloss = program("cpu")
+    eloss.backward()
+    ltc.metrics.reset()
+    lm, lloss = program("ltc:0")
+    lloss.backward()
+    assert_eager(lloss.detach(), eloss.detach())
+    for (name, p), q in zip(em.named_parameters(), lm.parameters()):
+        assert_eager(q.grad, p.grad, msg=name)
+    assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
+
+
+@pytest.mark.parametrize("lengths", [[2, 5, 3], [5, 3], [5, 3, 0]])
+def test_pack_padded_sequence_rejects_what_eager_rejects(lengths):
+    x = torch.randn(3, 5, 8)
+    with pytest.raises(RuntimeError) as eager_error:
+        torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths), batch_first=True)
+    with pytest.raises(RuntimeError) as lazy_error:
+        torch.nn.utils.rnn.pack_padded_sequence(x.to("ltc:0"), torch.tensor(lengths), batch_first=True)
+    assert str(lazy_error.value) == str(eager_error.value)
+
+
+def test_pack_padded_sequence_unsorted_matches_eager():
+    x, lengths = torch.randn(4, 6, 3), torch.tensor([2, 6, 1, 4])
+    want = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    got = torch.nn.utils.rnn.pack_padded_sequence(x.to("ltc:0"), lengths, batch_first=True,
+                                                  enforce_sorted=False)
+    assert got.batch_sizes.device.type == "cpu" and torch.equal(got.batch_sizes, want.batch_sizes)
+    assert_eager(got.data, want.data)
+    padded, back = torch.nn.utils.rnn.pad_packed_sequence(got, batch_first=True)
+    assert_eager(padded, x * (torch.arange(6) < lengths[:, None])[..., None])
+    assert torch.equal(back, lengths)

@@ -1,0 +1,228 @@
+"""Ops traced as other aten ops (LTC's decompositions), for ops whose own node would not do.
+
+Design note.  A handler here receives the op below autograd and functionalization, as the
+generic path would, and calls the aten ops it decomposes into on the same lazy tensors: each of
+them is traced as usual (its own shape inference, lowering check and node).  Two families:
+
+* **`_foreach_*` ops with a list of scalars** (`Scalar[]`, or a host `Tensor` of them): the list
+  would be baked into the node as constants, so Adam's bias corrections (new values every
+  step) would compile a new graph every step -- and TorchScript takes no `Scalar[]` at all, so
+  today they fall back.  Each becomes one op per tensor, the op eager's CPU kernel runs per
+  tensor, with its scalar a runtime scalar of that node (keyed by type, as every other
+  scalar), so no value ever recompiles.
+* **The fused RNN cells** `_thnn_fused_lstm_cell` / `_thnn_fused_gru_cell` and their backward
+  ops: ATen picks them for every non-CPU device (`nn.LSTM`, `nn.GRU`, `nn.LSTMCell`, ...), but
+  only CUDA has kernels.  They become the pointwise ops of ATen's CUDA kernels
+  (`aten/src/ATen/native/cuda/RNN.cu`), with the same workspace layout, so the autograd
+  formulas ATen records for them (which call the backward ops below) work unchanged.
+
+One op is decomposed above autograd instead (`register()`): `_pack_padded_sequence` reads its
+host `lengths` and returns `batch_sizes` on the host, where the packed RNN kernels read it.
+Below autograd, functionalization would wrap that host result (and every later read of its
+memory would fail), so its kernel for `AutogradPrivateUse1` computes `batch_sizes` with eager's
+own kernel (on a stand-in of the input's first two dims: eager's checks and errors) and the
+packed data with differentiable ops on the lazy input, as ATen's kernel does.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..ir.schema import op_info
+from . import shapes
+from .inplace import type_name
+from .lazy_tensor import LtcTensor
+
+aten = torch.ops.aten
+
+# -- _foreach_* with scalar lists ---------------------------------------------------------------
+
+# `_foreach_<name>`'s list overloads -> the op eager's per-tensor (slow) path calls for one tensor
+_PER_TENSOR = {
+    "add": aten.add.Tensor, "sub": aten.sub.Tensor, "mul": aten.mul.Tensor, "div": aten.div.Tensor,
+    "clamp_min": aten.clamp_min.default, "clamp_max": aten.clamp_max.default,
+    "maximum": aten.clamp_min.default, "minimum": aten.clamp_max.default,
+    "pow": aten.pow.Tensor_Scalar, "lerp": aten.lerp.Scalar,
+    "addcdiv": aten.addcdiv.default, "addcmul": aten.addcmul.default,
+}
+
+
+def _validate_on_meta(func: Any, args: tuple, kwargs: dict) -> None:
+    """Eager's argument checks (list lengths, shapes, where the scalars live) at the user's line:
+    the op itself on meta tensors.  Host tensors stay where they are: their device is checked."""
+    def meta(v: Any) -> Any:
+        if type(v) is LtcTensor:
+            return shapes.to_meta(v)
+        if type(v) is list or type(v) is tuple:
+            return [meta(e) for e in v]
+        return v
+    try:
+        func(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    except RuntimeError as e:
+        raise RuntimeError(str(e).replace("got meta", f"got {_device_of(args)}")) from None
+
+
+def _device_of(args: tuple) -> str:
+    for a in args:
+        for t in (a if type(a) is list else [a]):
+            if type(t) is LtcTensor:
+                return str(t._ctx.device)
+    return "ltc"
+
+
+def _foreach_with_scalars(func: Any, args: tuple, kwargs: dict) -> list:
+    """`_foreach_op(tensors..., scalars)`: `op(tensor_i..., scalars[i])` for each i."""
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    _validate_on_meta(func, *info.split(full))
+    *lists, scalars = full
+    if isinstance(scalars, torch.Tensor):  # the `.Tensor` overload: a host tensor of scalars
+        scalars = scalars.tolist()
+    per_tensor = _PER_TENSOR[info.name.split(".")[0][len("_foreach_"):]]
+    slot = per_tensor._schema.arguments[len(lists)]  # the scalar's argument
+    if slot.kwarg_only:  # `addcdiv(self, tensor1, tensor2, *, value)`
+        return [per_tensor(*[lst[i] for lst in lists], **{slot.name: s}) for i, s in enumerate(scalars)]
+    return [per_tensor(*[lst[i] for lst in lists], s) for i, s in enumerate(scalars)]
+
+
+def _foreach_decompositions() -> dict[Any, Callable[[Any, tuple, dict], Any]]:
+    table: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
+    for name in _PER_TENSOR:
+        packet = getattr(aten, "_foreach_" + name)
+        for overload in ("ScalarList", "Tensor"):
+            op = getattr(packet, overload, None) if overload in packet.overloads() else None
+            if op is None:
+                continue
+            last = op._schema.arguments[-1].type
+            # `.Tensor` overloads taking one tensor for all (`_foreach_mul.Tensor`) trace as is
+            if overload == "Tensor" and not (name in ("addcdiv", "addcmul")
+                                             and isinstance(last, torch._C.TensorType)):
+                continue
+            table[op] = _foreach_with_scalars
+    return table
+
+
+# -- fused RNN cells ----------------------------------------------------------------------------
+
+def _split(t: LtcTensor, n: int, dim: int) -> list:
+    return aten.split_copy.Tensor(t, t.shape[dim] // n, dim)
+
+
+def _one_minus(t: LtcTensor) -> LtcTensor:
+    return aten.rsub.Scalar(t, 1)
+
+
+def _with_bias(gates: LtcTensor, bias: LtcTensor | None) -> LtcTensor:
+    return gates if bias is None else aten.add.Tensor(gates, bias)
+
+
+def _lstm_cell(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """`_thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias)` ->
+    (hy, cy, workspace): gates i, f, g, o; workspace = activated gates (backward's input)."""
+    input_gates, hidden_gates, cx, input_bias, hidden_bias = op_info(func).bind(args, kwargs)
+    gates = aten.add.Tensor(_with_bias(input_gates, input_bias), _with_bias(hidden_gates, hidden_bias))
+    i, f, g, o = _split(gates, 4, 1)
+    i, f, g, o = aten.sigmoid.default(i), aten.sigmoid.default(f), aten.tanh.default(g), aten.sigmoid.default(o)
+    cy = aten.add.Tensor(aten.mul.Tensor(f, cx), aten.mul.Tensor(i, g))
+    hy = aten.mul.Tensor(o, aten.tanh.default(cy))
+    return hy, cy, aten.cat.default([i, f, g, o], 1)
+
+
+def _lstm_cell_backward(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """`_thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)` ->
+    (grad_gates, grad_cx, grad_bias)."""
+    grad_hy, grad_cy, cx, cy, workspace, has_bias = op_info(func).bind(args, kwargs)
+    if grad_hy is None and grad_cy is None:
+        return None, None, None
+    i, f, g, o = _split(workspace, 4, 1)
+    tanh_cy = aten.tanh.default(cy)
+    if grad_hy is None:
+        grad_o = aten.zeros_like.default(o)
+        grad_c = grad_cy
+    else:
+        grad_o = aten.mul.Tensor(grad_hy, tanh_cy)
+        d_tanh = _one_minus(aten.mul.Tensor(tanh_cy, tanh_cy))
+        grad_c = aten.mul.Tensor(aten.mul.Tensor(grad_hy, o), d_tanh)
+        if grad_cy is not None:
+            grad_c = aten.add.Tensor(grad_c, grad_cy)
+    grad_i = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_c, g), _one_minus(i)), i)
+    grad_f = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_c, cx), _one_minus(f)), f)
+    grad_g = aten.mul.Tensor(aten.mul.Tensor(grad_c, i), _one_minus(aten.mul.Tensor(g, g)))
+    grad_o = aten.mul.Tensor(aten.mul.Tensor(grad_o, _one_minus(o)), o)
+    grad_gates = aten.cat.default([grad_i, grad_f, grad_g, grad_o], 1)
+    grad_cx = aten.mul.Tensor(grad_c, f)
+    grad_bias = aten.sum.dim_IntList(grad_gates, [0]) if has_bias else None
+    return grad_gates, grad_cx, grad_bias
+
+
+def _gru_cell(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """`_thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias)` ->
+    (hy, workspace): gates r, z (ATen's "i"), n; workspace = r, z, hx, hidden n + bias, n."""
+    input_gates, hidden_gates, hx, input_bias, hidden_bias = op_info(func).bind(args, kwargs)
+    ir, ii, in_ = _split(_with_bias(input_gates, input_bias), 3, 1)
+    hr, hi, hn = _split(_with_bias(hidden_gates, hidden_bias), 3, 1)
+    r = aten.sigmoid.default(aten.add.Tensor(ir, hr))
+    z = aten.sigmoid.default(aten.add.Tensor(ii, hi))
+    n = aten.tanh.default(aten.add.Tensor(in_, aten.mul.Tensor(r, hn)))
+    hy = aten.add.Tensor(n, aten.mul.Tensor(z, aten.sub.Tensor(hx, n)))
+    return hy, aten.cat.default([r, z, hx, hn, n], 1)
+
+
+def _gru_cell_backward(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """`_thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)` -> (grad_input_gates,
+    grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias)."""
+    grad_hy, workspace, has_bias = op_info(func).bind(args, kwargs)
+    r, z, hx, hn, n = _split(workspace, 5, 1)
+    grad_z = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_hy, aten.sub.Tensor(hx, n)),
+                                             _one_minus(z)), z)
+    grad_hx = aten.mul.Tensor(grad_hy, z)
+    grad_in = aten.mul.Tensor(aten.mul.Tensor(grad_hy, _one_minus(z)), _one_minus(aten.mul.Tensor(n, n)))
+    grad_hn = aten.mul.Tensor(grad_in, r)
+    grad_r = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_in, hn), _one_minus(r)), r)
+    grad_input_gates = aten.cat.default([grad_r, grad_z, grad_in], 1)
+    grad_hidden_gates = aten.cat.default([grad_r, grad_z, grad_hn], 1)
+    if not has_bias:
+        return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+    return (grad_input_gates, grad_hidden_gates, grad_hx,
+            aten.sum.dim_IntList(grad_input_gates, [0]), aten.sum.dim_IntList(grad_hidden_gates, [0]))
+
+
+# -- packed sequences, above autograd ------------------------------------------------------------
+
+def _pack_padded_sequence(input: torch.Tensor, lengths: torch.Tensor, batch_first: bool) -> tuple:
+    if lengths.device.type != "cpu":  # eager's check, naming the lazy device
+        raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got {lengths.dim()}D "
+                           f"{lengths.device} {type_name(lengths.dtype)} tensor")
+    shape = list(input.shape)
+    stand_in = torch.empty((), dtype=input.dtype).expand(shape[:2] + [min(d, 1) for d in shape[2:]])
+    _, batch_sizes = aten._pack_padded_sequence.default(stand_in, lengths, batch_first)
+    steps = input.transpose(0, 1) if batch_first else input   # time-major
+    rows = batch_sizes.tolist()
+    chunks, t = [], 0
+    while t < len(rows):  # runs of equal batch size: one slice each, as ATen's kernel
+        end = t
+        while end < len(rows) and rows[end] == rows[t]:
+            end += 1
+        chunks.append(steps[t:end, :rows[t]].contiguous().view(-1, *shape[2:]))
+        t = end
+    return torch.cat(chunks), batch_sizes
+
+
+_libs: list = []
+
+
+def register() -> None:
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_pack_padded_sequence", _pack_padded_sequence, "AutogradPrivateUse1")
+    _libs.append(lib)
+
+
+DECOMPOSITIONS: dict[Any, Callable[[Any, tuple, dict], Any]] = {
+    **_foreach_decompositions(),
+    aten._thnn_fused_lstm_cell.default: _lstm_cell,
+    aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
+    aten._thnn_fused_gru_cell.default: _gru_cell,
+    aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
+}
