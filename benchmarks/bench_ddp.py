@@ -6,7 +6,13 @@ beside PyTorch's DDP on eager CPU tensors, in the same processes and the same ru
 Each rank trains an MLP (256-1024-1024-10) on its shard of a global batch of 512 (so more
 processes = less work each, the same global step).  Figures: steps/s (median over rounds,
 each round `steps` steps ending with a wait), and for ltc_async the fraction of the step's wall
-time the device was busy (sum of ExecuteTime / wall)."""
+time the device was busy (sum of ExecuteTime / wall), the gradient all-reduce's time per step
+on the device queue (`CollectiveTime`), what the host paid per step to queue it
+(`CollectiveHostTime`) and so the share of the communication hidden from the host: the host
+traces the optimizer step and the next step while the all-reduce runs.  (On one device per
+process the all-reduce runs on that device's FIFO queue, between the backward graph that
+produces the gradients and the optimizer graph that consumes them: in DDP's step nothing else
+could run beside it.)"""
 from __future__ import annotations
 
 import argparse
@@ -57,7 +63,7 @@ def _rank_main(steps: int, rounds: int) -> None:
             step()
         if device:
             ltc.wait_device_ops()
-        rates, busy = [], []
+        rates, busy, comm, host = [], [], [], []
         for _ in range(rounds):
             dist.barrier()
             ltc.metrics.reset()
@@ -70,12 +76,19 @@ def _rank_main(steps: int, rounds: int) -> None:
             rates.append(steps / wall)
             if device:
                 busy.append(ltc.metrics.metric_data("ExecuteTime")[1] / wall)
-        return statistics.median(rates), statistics.median(busy) if busy else 0.0
+                c = ltc.metrics.metric_data("CollectiveTime")
+                h = ltc.metrics.metric_data("CollectiveHostTime")
+                comm.append(c[1] / steps if c else 0.0)     # communication per step (device queue)
+                host.append(h[1] / steps if h else 0.0)     # what the host paid per step for it
+        med = statistics.median
+        return (med(rates), med(busy) if busy else 0.0, med(comm) if comm else 0.0,
+                med(host) if host else 0.0)
 
-    eager_rate, _ = run(None)
-    lazy_rate, lazy_busy = run("ltc:0")
+    eager_rate = run(None)[0]
+    lazy_rate, lazy_busy, comm_s, host_s = run("ltc:0")
     if rank == 0:
-        print(f"RESULT {world} {eager_rate:.2f} {lazy_rate:.2f} {lazy_busy:.3f}", flush=True)
+        print(f"RESULT {world} {eager_rate:.2f} {lazy_rate:.2f} {lazy_busy:.3f} {comm_s:.6f} {host_s:.6f}",
+              flush=True)
     dist.destroy_process_group()
 
 
@@ -102,10 +115,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     res = {w: _launch(w, args.steps, args.rounds) for w in (1, 2)}
-    print("| processes | eager torch DDP (steps/s) | ltc_async DDP (steps/s) | ltc / eager | ltc device busy |")
-    print("|---:|---:|---:|---:|---:|")
-    for w, (e, l, b) in res.items():
-        print(f"| {w} | {e:.2f} | {l:.2f} | {l / e:.2f}x | {b:.0%} |")
+    print("| processes | eager torch DDP (steps/s) | ltc_async DDP (steps/s) | ltc / eager | ltc device busy "
+          "| all-reduce per step (device queue) | host time in it per step | hidden from the host |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w, (e, l, b, c, h) in res.items():
+        hidden = f"{1 - h / c:.0%}" if c > 0 else "n/a"
+        print(f"| {w} | {e:.2f} | {l:.2f} | {l / e:.2f}x | {b:.0%} | {c * 1e3:.2f} ms | {h * 1e3:.3f} ms | {hidden} |")
     print(f"\nscaling 1 -> 2 processes: eager {res[2][0] / res[1][0]:.2f}x, "
           f"ltc_async {res[2][1] / res[1][1]:.2f}x")
     return 0

@@ -110,13 +110,53 @@ _DYING = textwrap.dedent("""
     if rank == 1:
         os._exit(3)                      # dies before the collective
     try:
-        dist.all_reduce(t)
+        dist.all_reduce(t)               # queued on the device: returns at once, as on NCCL
+        t.cpu()                          # the read raises the collective's error
     except RuntimeError as e:
         print("rank 0 got:", type(e).__name__, str(e)[:200], flush=True)
         assert (torch.ones(2).to("ltc:0") + 1).cpu().tolist() == [2.0, 2.0]   # device still fine
         os._exit(0)
     os._exit(1)
 """)
+
+
+_ASYNC = textwrap.dedent("""
+    import os, time, torch, torch.distributed as dist
+    import ltc_async as ltc
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    for late in (0.0, 3.0):              # a warm-up round (first traces), then the timed one
+        dist.barrier()
+        if rank == 1:
+            time.sleep(late)             # the peer is late: rank 0's host must not wait for it
+        w = torch.full((4, 4), 1.0 + rank).to("ltc:0")
+        g = (w @ w).sum(0)               # pending IR: the collective waits for it on the device
+        t0 = time.perf_counter()
+        work = dist.all_reduce(g, async_op=True)
+        work.wait()                      # complete for the host; later uses order after it
+        h = g * 0.5 + 1                  # traced on the placeholder while the peer sleeps
+        queued = time.perf_counter() - t0
+        got = h.cpu()
+        total = time.perf_counter() - t0
+    want = ((torch.full((4, 4), 1.0) @ torch.full((4, 4), 1.0)).sum(0)
+            + (torch.full((4, 4), 2.0) @ torch.full((4, 4), 2.0)).sum(0)) * 0.5 + 1
+    assert torch.equal(got, want), (got, want)
+    dist.all_reduce(g)                   # the sync form is queued too
+    assert torch.equal(g.cpu(), (want - 1) * 4), g.cpu()
+    print(f"rank {rank} ok queued={queued:.3f} total={total:.3f}", flush=True)
+""")
+
+
+def test_a_collective_is_queued_not_waited_for():
+    """The host goes on tracing while a collective waits for its inputs and its peers."""
+    outs = _launch(["-c", _ASYNC], 2, timeout=120)
+    for r, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
+    stats = dict(kv.split("=") for kv in outs[0][1].split("ok ")[1].split())
+    # rank 0 queued the collective and traced on in well under the peer's 3 s delay ...
+    assert float(stats["queued"]) < 1.0, stats
+    # ... and its read waited for the peer
+    assert float(stats["total"]) > 1.5, stats
 
 
 def test_a_dead_rank_makes_the_others_raise_not_hang():

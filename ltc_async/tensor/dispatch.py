@@ -24,7 +24,7 @@ import torch
 
 from .. import metrics
 from ..ir.schema import OpInfo, op_info
-from . import lazy_tensor
+from . import collectives, lazy_tensor
 from .decompositions import DECOMPOSITIONS
 from .host import host_op, mutating_host_op
 from .special import SPECIAL
@@ -42,6 +42,10 @@ def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> A
         return handler(func, args, kwargs or {})
     metrics.counter(info.counter)
     if info.is_inplace_or_out:
+        if info.qualname.startswith("c10d::"):   # torch.distributed: queued on the device
+            out = collectives.queue(func, info, args, kwargs or {})
+            if out is not NotImplemented:
+                return out
         return mutating_host_op(func, info, args, kwargs or {})
     if not info.returns_only_tensors:
         return host_op(func, info, args, kwargs or {})
