@@ -6,6 +6,13 @@ raises at the user's line, exactly as eager would raise it.  Results are cached 
 whose output shape depends on values, gets the answer `FALLBACK`: it runs eagerly on the host.
 For the `x_copy` ops functionalization produces, the strides are those of the view op `x`
 (what eager would report).
+
+Meta kernels check shapes, but not always dtypes: `mm` on meta takes `float16 @ float32`, which
+every eager kernel rejects.  So a signature whose tensor inputs mix floating-point dtypes is
+also run once by eager on the backing device (`_check_like_eager`), on zero-filled stand-ins
+with the inputs' shapes and strides: eager's error, at the user's line, instead of a failed
+execution later.  Same-dtype signatures (nearly all) never pay for it; mixed ones once, as
+the result is cached with the shapes.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ FALLBACK = "fallback"                  # shape-cache value: run this signature e
 cache: dict[tuple, Any] = {}           # (op, template, input metas) -> (metas, out_spec) | FALLBACK
 _CACHE_MAX = 1 << 16
 _META = torch.device("meta")
+_COPY = torch.ops.aten.copy.default
 
 
 def remember(key: tuple, res: Any) -> None:
@@ -65,6 +73,8 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         if info.dynamic_shape and "meta" in str(e).lower():
             return FALLBACK
         raise
+    if not info.seeded:
+        _check_like_eager(func, info, full)
     if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
         try:
             out = call(info.view_op, info, margs)
@@ -82,3 +92,40 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
             spec.append(len(r))
             metas.extend(TensorMeta(tuple(e.shape), tuple(e.stride()), e.dtype) for e in r)
     return tuple(metas), tuple(spec)
+
+
+def _lazy_inputs(full: list) -> list[LtcTensor]:
+    found = []
+    for v in full:
+        if type(v) is LtcTensor:
+            found.append(v)
+        elif type(v) is list or type(v) is tuple:
+            found.extend(e for e in v if type(e) is LtcTensor)
+    return found
+
+
+def _stand_in(t: LtcTensor) -> torch.Tensor:
+    """Zeros with `t`'s shape, strides and dtype on its backing device."""
+    m = t._m
+    extent = 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride)) if all(m.shape) else 0
+    return torch.zeros(extent, dtype=m.dtype, device=t._ctx.backend_device).as_strided(m.shape, m.stride)
+
+
+def _check_like_eager(func: Any, info: OpInfo, full: list) -> None:
+    """Raise what eager raises for an op mixing floating-point dtypes that meta accepted."""
+    if func is _COPY:  # converting dtypes is what it is for
+        return
+    inputs = _lazy_inputs(full)
+    floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
+    if len(floats) < 2:
+        return
+
+    def real(v: Any) -> Any:
+        if type(v) is LtcTensor:
+            return _stand_in(v)
+        if isinstance(v, torch.device) and v.type == "ltc":
+            return inputs[0]._ctx.backend_device
+        if type(v) is list or type(v) is tuple:
+            return [real(e) for e in v] if any(isinstance(e, torch.Tensor) for e in v) else v
+        return v
+    call(func, info, [real(v) for v in full])

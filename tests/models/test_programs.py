@@ -135,15 +135,38 @@ def test_print_syncs_a_pending_tensor_once():
     assert (ltc.metrics.counter_value("SyncTensorsGraphCount") or 0) == 1
 
 
-@_bug("a dtype mismatch (float16 @ float32) is accepted at trace time")
-def test_dtype_mismatch_raises_at_the_line():
+_MIXED_DTYPES = {
+    "matmul": lambda a, b: a @ b,
+    "linear": lambda a, b: torch.nn.functional.linear(b, b, a[0]),
+    "conv2d": lambda a, b: torch.nn.functional.conv2d(b[None, None], a[None, None]),
+    "layer_norm": lambda a, b: torch.nn.functional.layer_norm(b, (2,), a[0], a[1]),
+    "index_put": lambda a, b: b.index_put((torch.tensor([0]).to(b.device),), a[0]),
+    "mv": lambda a, b: torch.mv(a, b[0]),
+}
+
+
+@pytest.mark.parametrize("op", list(_MIXED_DTYPES))
+def test_dtype_mismatch_raises_at_the_line(op):
+    """Meta kernels accept dtype mixes that every eager kernel rejects (float16 @ float32): the
+    lazy program raises eager's error at the line too, not a failed execution later."""
     a = torch.randn(2, 2).half()
     b = torch.randn(2, 2)
     with pytest.raises(RuntimeError) as eager_error:
-        a @ b
+        _MIXED_DTYPES[op](a, b)
     with pytest.raises(RuntimeError) as lazy_error:
-        a.to("ltc:0") @ b.to("ltc:0")
+        _MIXED_DTYPES[op](a.to("ltc:0"), b.to("ltc:0"))
     assert type(lazy_error.value) is type(eager_error.value)
+    assert str(lazy_error.value) == str(eager_error.value)
+
+
+def test_dtype_mixes_eager_accepts_still_trace():
+    a, b = torch.randn(2, 2).half(), torch.randn(2, 2)
+    ltc.metrics.reset()
+    la, lb = a.to("ltc:0"), b.to("ltc:0")
+    assert_eager(la + lb, a + b)
+    assert_eager(torch.where(lb > 0, la, lb), torch.where(b > 0, a, b))
+    assert_eager(torch.cat([la, lb]), torch.cat([a, b]))
+    assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
 
 
 def test_exception_inside_backward_is_raised():
