@@ -31,7 +31,8 @@ test: setup
 		tests/test_faults.py
 
 bench: setup
-	$(BIN)/python benchmarks/bench_lazy.py
+	$(BIN)/pip install -q -e ".[bench]"   # matplotlib, for the figure
+	$(BIN)/python benchmarks/bench_lazy.py --plot benchmarks/bench_lazy.png
 	$(BIN)/python benchmarks/bench_executor.py
 	$(BIN)/python benchmarks/bench_ddp.py
 

@@ -831,6 +831,8 @@ def main(argv=None) -> int:
     p.add_argument("--devices-graph-iters", type=int, help="tanh(x @ x) per graph")
     p.add_argument("--dp-steps", type=int, help="timed DataParallel steps per round")
     p.add_argument("--dp-warmup", type=int)
+    p.add_argument("--plot", metavar="PNG", help="also draw the table (benchmarks/plot.py; "
+                   "needs matplotlib: pip install -e '.[bench]')")
     p.add_argument("--devices-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -866,7 +868,11 @@ def main(argv=None) -> int:
             else:
                 all_results[s] = bench[s](args)
             _log(f"[{s}] section took {time.perf_counter() - t0:.0f}s")
-    print(render(all_results))
+    table = render(all_results)
+    print(table)
+    if args.plot:
+        from plot import plot, rows_from_markdown   # benchmarks/plot.py, beside this script
+        _log(f"figure: {plot(rows_from_markdown(table), args.plot)}")
     failed = [f"{s}/{e}" for s, rs in all_results.items() for e, r in rs.items()
               if r.error and e != COMPILE]
     if failed:

@@ -17,6 +17,7 @@ import time
 
 import torch
 import trio
+from tqdm import tqdm
 
 import ltc_async as ltc
 
@@ -31,14 +32,16 @@ async def producer(send: trio.MemorySendChannel, steps: int, batch: int, dim: in
             await trio.sleep(0)
 
 
-async def logger(recv: trio.MemoryReceiveChannel, every: int) -> list[float]:
+async def logger(recv: trio.MemoryReceiveChannel, every: int, steps: int) -> list[float]:
     history = []
-    async with recv:
-        async for step, loss in recv:
-            (value,) = await ltc.to_cpu_async([loss])   # waits for that step only
-            history.append(value.item())
-            if step % every == 0:
-                print(f"step {step:4d}  loss {value.item():.4f}")
+    with tqdm(total=steps, unit="step", desc="steps run") as bar:
+        async with recv:
+            async for step, loss in recv:
+                (value,) = await ltc.to_cpu_async([loss])   # waits for that step only
+                history.append(value.item())
+                bar.update(1)
+                if step % every == 0:
+                    bar.set_postfix(loss=f"{value.item():.4f}")
     return history
 
 
@@ -56,7 +59,7 @@ async def train(args: argparse.Namespace) -> None:
     trace_time = 0.0
 
     async def run_logger() -> None:
-        history.extend(await logger(losses_recv, args.log_every))
+        history.extend(await logger(losses_recv, args.log_every, args.steps))
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:

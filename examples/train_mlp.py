@@ -9,21 +9,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
 
 import torch
 from sklearn.datasets import load_digits
+from tqdm import tqdm
 
 import ltc_async as ltc
-
-
-def progress(done: int, total: int, extra: str, width: int = 30) -> None:
-    filled = int(width * done / total)
-    sys.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {extra}")
-    sys.stdout.flush()
-    if done == total:
-        sys.stdout.write("\n")
 
 
 def main() -> None:
@@ -56,6 +48,7 @@ def main() -> None:
     step = 0
     losses = []
     t0 = time.perf_counter()
+    bar = tqdm(total=total, unit="step", desc="training on " + args.device)
     for epoch in range(args.epochs):
         for b in range(n_batches):
             xb = x_train[b * args.batch:(b + 1) * args.batch]
@@ -73,8 +66,10 @@ def main() -> None:
                 ref_opt.step()
                 torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-4, atol=1e-5)
             step += 1
-            if step % 10 == 0 or step == total:
-                progress(step, total, f"epoch {epoch + 1} loss {losses[-10].item():.4f}")
+            bar.update(1)
+            if step % 10 == 0:   # a loss from 10 steps ago: that step has run, nothing waits
+                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-10].item():.4f}")
+    bar.close()
     ltc.wait_device_ops()
     elapsed = time.perf_counter() - t0
     for p, q in zip(model.parameters(), reference.parameters()):

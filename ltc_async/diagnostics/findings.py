@@ -9,7 +9,9 @@ walk is noise there; the hot paths (tracing, cache hits) record nothing.  `findi
 these tables and the metrics into a short list:
 
 1. eager fallbacks by op and user line;
-2. recompiles by call site (plus the input shapes compiled, when several);
+2. recompiles by call site (plus the input shapes compiled, when several): sites that compiled
+   a graph 2 or more `mark_step`s after their first (the first steps of a training loop
+   differ legitimately: optimizer state appears), or more than 3 graphs;
 3. host syncs per step (implicit ones by line, explicit reads per step);
 4. devices idle while the host traces (the `ExecuteTime` samples against the time between the
    first and the last execution).
@@ -30,7 +32,9 @@ _OTHER = ("(other)", "(other lines)")
 _lock = threading.Lock()
 _fallbacks: dict[tuple[str, str], int] = {}   # (op, user line) -> count
 _syncs: dict[tuple[str, str], int] = {}       # (what, user line) -> count
-_compiles: dict[tuple[str, str], int] = {}    # (call site, device) -> graph-cache misses
+# (call site, device) -> [graph-cache misses, MarkStep count at the first, misses 2+ steps later]
+_compiles: dict[tuple[str, str], list[int]] = {}
+_WARMUP_STEPS = 2   # a training loop's first steps legitimately differ (optimizer state appears)
 
 
 class Finding(NamedTuple):
@@ -62,7 +66,19 @@ def synced(what: str, where: str) -> None:
 
 
 def compiled(label: str, device: str) -> None:
-    _bump(_compiles, (label, device))
+    from ..metrics import _counters
+    step = _counters.get("MarkStep", 0)
+    key = (label, device)
+    with _lock:
+        entry = _compiles.get(key)
+        if entry is None:
+            if len(_compiles) >= _MAX_KEYS:
+                return
+            _compiles[key] = [1, step, 0]
+        else:
+            entry[0] += 1
+            if step - entry[1] >= _WARMUP_STEPS:
+                entry[2] += 1
 
 
 def reset() -> None:
@@ -103,11 +119,13 @@ def findings() -> list[Finding]:
             "boolean indexing, fixed sizes instead of data-dependent ones; "
             "devices/torchscript/ops.yaml lists what compiles), or move it out of the step."))
 
-    recompiled = {k: c for k, c in list(_compiles.items()) if c > 1}
+    with _lock:
+        recompiled = {k: list(v) for k, v in _compiles.items() if v[2] or v[0] > 3}
     if recompiled:
-        top = sorted(recompiled.items(), key=lambda kv: -kv[1])[:5]
-        details = [f"{label} on {dev}: {c} graphs ({c - 1} after the first)"
-                   for (label, dev), c in top] + _more(recompiled, len(top))
+        top = sorted(recompiled.items(), key=lambda kv: (-kv[1][2], -kv[1][0]))[:5]
+        details = [f"{label} on {dev}: {c} graphs, {late} of them after its first "
+                   f"{_WARMUP_STEPS} steps" for (label, dev), (c, _, late) in top]
+        details += _more(recompiled, len(top))
         shapes = metrics.compiles_by_shape()
         if len(shapes) > 1:
             details.append("input shapes compiled: " + "; ".join(
@@ -115,8 +133,9 @@ def findings() -> list[Finding]:
         compile_s = (metrics.metric_data("CompileTime") or (0, 0.0, []))[1]
         out.append(Finding(
             "recompile",
-            f"Recompiles: {sum(c - 1 for c in recompiled.values())} new graph(s) at call sites "
-            f"that had compiled before ({metrics._fmt_time(compile_s)} compiling in all).",
+            f"Recompiles: {sum(v[0] - 1 for v in recompiled.values())} new graph(s) at call "
+            f"sites that had compiled before, {sum(v[2] for v in recompiled.values())} after "
+            f"warm-up ({metrics._fmt_time(compile_s)} compiling in all).",
             details,
             "run with ltc.debug.explain_recompiles(True) (or LTC_ASYNC_EXPLAIN_RECOMPILES=1): "
             "each recompile then names its first difference. Usual causes: a smaller last "

@@ -342,7 +342,9 @@ def _first_difference(plan: Any, old: _Seen, i: int) -> _Diff:
             return _Diff("input", i, _op_name(new_p), here, there, origin,
                          f"{here} here, {there} in the cached graph",
                          "a tensor that was synced (device data) in one step is computed in "
-                         "the other: a read or sync at another point of the step")
+                         "the other: a read or sync at another point of the step, or state "
+                         "created in a first step (optimizer buffers, accumulators) that later "
+                         "steps read as an input -- once, in the first steps, that is expected")
         (nk, npos), (ok, opos) = new_p, old_p
         origin = node.origin or ""
         if nk[0] != ok[0]:

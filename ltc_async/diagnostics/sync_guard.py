@@ -70,6 +70,7 @@ def _checked(mode: Any, source: str = "sync_guard") -> str:
 _lock = threading.Lock()
 _global = _checked(config.sync_guard, "LTC_ASYNC_SYNC_GUARD")
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("ltc_sync_guard", default=None)
+_exempt: contextvars.ContextVar[bool] = contextvars.ContextVar("ltc_sync_exempt", default=False)
 _open_blocks = 0
 #: True once a mode other than "allow" may apply somewhere: the hooks short-circuit on it
 armed = False
@@ -148,17 +149,20 @@ def sync_guard(mode: str) -> _Guard:
 
 @contextlib.contextmanager
 def exempt() -> Iterator[None]:
-    """Reads in this block are explicit (step closures run in one)."""
-    token = _scoped.set("allow")
+    """Reads in this block are explicit (step closures run in one): neither checked nor
+    recorded as implicit syncs."""
+    token = _exempt.set(True)
     try:
         yield
     finally:
-        _scoped.reset(token)
+        _exempt.reset(token)
 
 
 def implicit(what: str) -> None:
     """An implicit sync `what` is about to happen on this thread: record it for the findings,
     then warn or raise as the mode says."""
+    if _exempt.get():
+        return
     f = location.user_frame()
     where = location.describe(f)
     findings.synced(what, where)
