@@ -35,6 +35,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_lazy.py --plot benchmarks/bench_lazy.png
 	$(BIN)/python benchmarks/bench_executor.py
 	$(BIN)/python benchmarks/bench_ddp.py
+	$(BIN)/python benchmarks/bench_diagnostics.py
 
 # The reliability suite at full length (CI runs the same tests with bounded lengths):
 # fault injection over 2000 steps, then the concurrency and shutdown tests three times.

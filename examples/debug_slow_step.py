@@ -40,11 +40,12 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    n, batch, dev = 1000, 64, "ltc:0"                  # 1000 = 15 * 64 + 40: a short last batch
-    data = torch.randn(n, 32)
+    n, batch, dev = 4000, 256, "ltc:0"                 # 4000 = 15 * 256 + 160: a short last batch
+    data = torch.randn(n, 256)
     labels = (data[:, :4].sum(dim=1) > 0).long()
-    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 2)).to(dev)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 2)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     last = n - n % batch if args.fixed else n          # fix 3: drop the partial batch
 
@@ -56,8 +57,8 @@ def main() -> None:
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught, ltc.debug.timeline(args.trace or None) as tl:
         warnings.simplefilter("default")               # each warning once per line
+        correct = torch.zeros((), device=dev)          # correct predictions, all epochs
         for epoch in range(args.epochs):
-            correct = torch.zeros((), device=dev)
             for i in range(0, last, batch):
                 x, y = data[i:i + batch].to(dev), labels[i:i + batch].to(dev)
                 logits = model(x)
@@ -87,8 +88,9 @@ def main() -> None:
     ltc.debug.explain_recompiles(False)
 
     steps = ltc.metrics.counter_value("MarkStep")
+    accuracy = correct.cpu().item() / (args.epochs * last)
     print(f"{'fixed' if args.fixed else 'slow'} loop: {steps} mark_steps in {wall:.2f}s, "
-          f"{len(seen)} loss lines, last: {seen[-1]}")
+          f"training accuracy {accuracy:.3f}, {len(seen)} loss lines, last: {seen[-1]}")
     print(f"\n== warnings ({len(caught)}) ==")
     for w in caught:
         print(f"{w.category.__name__} at line {w.lineno}:\n  {w.message}")

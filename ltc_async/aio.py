@@ -27,6 +27,8 @@ __all__ = ["mark_step_async", "wait_device_ops_async", "sync_async", "to_cpu_asy
 async def mark_step_async(device: Any = None) -> None:
     """`mark_step` for trio: returns once the step is queued (a full queue is awaited)."""
     ctxs = arena.resolve(device)
+    if _dx.on:   # diagnostics: the timeline's step numbers, time waiting for a queue slot
+        _dx.step_begins()
     executions = await gx.mark_step_async(ctxs)
     if _dx.on:   # diagnostics: the timeline's step numbers
         _dx.step_done(ctxs)

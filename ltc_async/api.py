@@ -45,6 +45,8 @@ def mark_step(device: Any = None, wait: bool = False) -> None:
     `wait_device_ops` or read that covers them (see `executor/graph_executor.py`).
     """
     ctxs = arena.resolve(device)
+    if _dx.on:   # diagnostics: the timeline's step numbers, time waiting for a queue slot
+        _dx.step_begins()
     executions = gx.mark_step(ctxs)
     if _dx.on:   # diagnostics: the timeline's step numbers
         _dx.step_done(ctxs)

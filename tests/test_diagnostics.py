@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import trio
-from conftest import run_python
+from conftest import heavy, heavy_steps, run_python
 
 import ltc_async as ltc
 from ltc_async.diagnostics import recompiles, sync_guard
@@ -433,7 +433,7 @@ def test_timeline_records_every_kind_of_span_and_writes_a_chrome_trace(tmp_path)
     assert [e.step for e in ex0][:4] == [0, 1, 2, 3]
     for a, b in itertools.pairwise(ex0):                 # one FIFO worker: never overlapping
         assert a.end_us <= b.start_us + 1
-    queued = {e.args["seq"]: e for e in tl.events if e.name == "queue" and e.device == "ltc:0"}
+    queued = {e.args["seq"]: e for e in tl.events if e.lane == "queue" and e.device == "ltc:0"}
     for e in ex0:                                       # queued before it ran
         assert queued[e.args["seq"]].end_us <= e.start_us + 1
     assert any(e.name == "transfer" and e.lane == "device" and e.device == "ltc:1" for e in tl.events)
@@ -457,6 +457,23 @@ def test_timeline_summary_sees_host_reads():
     rows = tl.steps()
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(r["reads"] == 1 and r["read"] > 0 and 0 <= r["busy"] <= 1 for r in rows)
+
+
+def test_timeline_sees_mark_step_wait_for_a_full_queue():
+    x = (torch.randn(192, 192) / 14).to("ltc:0")
+    n = heavy_steps(x, 0.05)                                # each step: >= 50 ms of device work
+    steps = 10                                              # max_inflight (4) steps, then 6 more
+    with ltc.debug.timeline() as tl:
+        for _ in range(steps):
+            x = heavy(x, n)
+            ltc.mark_step()                                # the 5th on waits for a free slot
+        ltc.wait_device_ops()
+    waits = [e for e in tl.events if e.lane == "host" and e.name == "queue"]
+    assert len(waits) == steps
+    rows = tl.steps()
+    late = rows[5:]                                         # the later steps waited, visibly:
+    assert sum(r["blocked"] for r in late) > sum(r["trace"] for r in late)   # more than they traced
+    assert "the device is the bottleneck" in tl.summary()
 
 
 def test_timeline_across_threads_and_trio():

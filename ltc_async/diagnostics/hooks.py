@@ -20,7 +20,8 @@ Where the executor calls (thread; lock held):
   when it returns (user thread; no lock): recompile warnings at the user's line;
 * `graph_executor.needed` / `collect` -- `read_begins()` / `read_ends(tensors)` around a host
   read's wait and copy (user thread; no lock);
-* `api.mark_step` / `aio.mark_step_async` -- `step_done(ctxs)` (user thread; no lock);
+* `api.mark_step` / `aio.mark_step_async` -- `step_begins()` / `step_done(ctxs)` on entry and
+  after the cut (user thread; no lock);
 * `host.host_op` / `host.eager_fallback` -- `host_read(func)` / `fallback(name, args)`, always
   (user thread; no lock): findings and the sync guard.
 """
@@ -84,6 +85,10 @@ def read_begins() -> None:
 
 def read_ends(tensors: Any) -> None:
     timeline.read_ends(tensors)
+
+
+def step_begins() -> None:
+    timeline.step_begins()
 
 
 def step_done(ctxs: Any) -> None:

@@ -6,18 +6,22 @@ it after the executions queued before it.  Five kinds of span cover that, each t
 device and step (the number of `mark_step`s on that device since the timeline opened):
 
 * `trace` (lane "host"): the user's thread from its previous ltc event on that device (a cut,
-  a read, the timeline's start) up to this cut: tracing, plus whatever else the host did;
+  a read, the timeline's start) up to this cut (or the `mark_step` call that made it):
+  tracing, plus whatever else the host did;
 * `compile` (lane "compile"): the prepare job on the compiler thread (`args["cache"]` says
   "hit" or "miss": a hit costs the key only);
 * `queue` (lane "queue"): from the cut until the device starts executing the graph (waiting
-  behind earlier executions, for the compile, for inputs from other devices);
+  behind earlier executions, for the compile, for inputs from other devices); on lane "host",
+  a `mark_step` from its call to its cut: waiting for a free slot when the device queue is
+  full (the device is `LTC_ASYNC_MAX_INFLIGHT` executions behind);
 * `execute` (lane "device"): the program running on the device worker;
 * `transfer`: a copy between lazy devices (lane "device", on the target's worker) or a host
   read (lane "host": `.cpu()`, `.item()`, ...: waiting for the data and copying it).
 
 The executor reports through `hooks.py`, guarded by one flag: `compile_job` and
 `execution_job` wrap the closures handed to the compiler thread and to the device worker at
-the cut, `read_begins` / `read_ends` bracket host reads, `step_done` counts `mark_step`s.  The
+the cut, `read_begins` / `read_ends` bracket host reads, `step_begins` / `step_done` bracket
+`mark_step`s (and number the steps).  The
 same wrappers open `torch.profiler.record_function` ranges ("ltc::compile", "ltc::execute",
 "ltc::transfer") when the PyTorch profiler is on, so profiler traces show ltc_async's work
 (PyTorch records other threads' ranges when asked to:
@@ -35,6 +39,7 @@ errors) for the executions queued inside it, so their spans are complete.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -76,6 +81,9 @@ _open: list[Timeline] = []
 _steps: dict[str, int] = {}                     # device -> mark_steps seen while timelines open
 _marks: dict[tuple[int, str], float] = {}       # (thread, device) -> end of its last ltc event
 _tls = threading.local()   # .prep (user thread: the cut's record), .hit (compiler thread), .read_t0
+# when this thread's (trio task's) mark_step began: a context variable, so that trio tasks
+# sharing the thread, each awaiting a slot in its own mark_step_async, keep theirs apart
+_step_t0: contextvars.ContextVar[float | None] = contextvars.ContextVar("ltc_step_t0", default=None)
 
 
 class _Prep:
@@ -107,15 +115,22 @@ def compile_job(job: Callable[[], Any], ctx: Any, label: str) -> Callable[[], An
     device = str(ctx.device)
     now = _now()
     recording = bool(_open)
+    begun = _step_t0.get()                    # this thread's (task's) mark_step began then
     with _lock:
         prep = _Prep(_steps.get(device, 0))
         if recording:
             key = (threading.get_ident(), device)
             start = _marks.get(key)
             _marks[key] = now
+            thread = threading.current_thread().name
+            end = now if begun is None else begun
             for tl in _open:
-                tl._add("trace", device, start, now, "host", prep.step,
-                        {"label": label, "thread": threading.current_thread().name})
+                tl._add("trace", device, start if start is None else min(start, end), end,
+                        "host", prep.step, {"label": label, "thread": thread})
+                if begun is not None:  # mark_step before its cut: waiting for a queue slot
+                    tl._add("queue", device, begun, now, "host", prep.step,
+                            {"label": label, "thread": thread,
+                             "what": "mark_step: a free slot in the device queue, then the cut"})
     _tls.prep = prep
     profiling = _profiling()
 
@@ -205,8 +220,15 @@ def read_ends(tensors: Any) -> None:
                          "thread": threading.current_thread().name})
 
 
+def step_begins() -> None:
+    """This thread enters `mark_step` (what follows, until the cut, is waiting for a slot)."""
+    if _open:
+        _step_t0.set(_now())
+
+
 def step_done(ctxs: Any) -> None:
     """A `mark_step` over `ctxs` has cut its graphs (user thread)."""
+    _step_t0.set(None)
     with _lock:
         for c in ctxs:
             d = str(c.device)
@@ -311,8 +333,11 @@ class Timeline:
             if r is None:
                 r = rows[(s.step, s.device)] = dict(step=s.step, device=s.device, start=None,
                                                     end=None, **{n: 0.0 for n in NAMES},
-                                                    compiles=0, reads=0, read=0.0)
-            r[s.name] += s.dur_us / 1e6
+                                                    compiles=0, reads=0, read=0.0, blocked=0.0)
+            if s.lane == "host" and s.name == "queue":
+                r["blocked"] += s.dur_us / 1e6
+            else:
+                r[s.name] += s.dur_us / 1e6
             if s.name == "compile" and s.args.get("cache") == "miss":
                 r["compiles"] += 1
             if s.lane == "host":
@@ -352,6 +377,8 @@ class Timeline:
                 notes.append(f"{r['compiles']} compile(s)")
             if r["reads"]:
                 notes.append(f"{r['reads']} host read(s)")
+            if r["blocked"] >= 1e-3:
+                notes.append(f"mark_step waited {r['blocked'] * 1e3:.1f}ms for a queue slot")
             lines.append(f"{r['step']:>4} {r['device']:<7} {_ms(r['wall'])} {_ms(r['trace'])} "
                          f"{_ms(r['compile'])} {_ms(r['queue'])} {_ms(r['execute'])} "
                          f"{_ms(r['transfer'])} {r['busy']:>5.0%}  {', '.join(notes)}")
@@ -381,6 +408,11 @@ def _verdict(rows: list[dict]) -> str:
     if compile_s > 0.5 * wall:
         return (f"compiling dominates {which} ({compile_s * 1e3:.1f}ms of {wall * 1e3:.1f}ms): "
                 f"ltc.debug.explain_recompiles(True) says why graphs keep changing")
+    blocked = sum(r["blocked"] for r in steady)
+    if blocked > 0.25 * wall:
+        return (f"the device is the bottleneck {which}: mark_step waited {blocked * 1e3:.1f}ms "
+                f"({blocked / wall:.0%} of the wall time) for a slot in the device queue "
+                f"(LTC_ASYNC_MAX_INFLIGHT executions ahead); device busy {busy:.0%}")
     if read_s > 0.25 * wall:
         return (f"the host waits on {reads} host read(s) {which} ({read_s * 1e3:.1f}ms, "
                 f"{read_s / wall:.0%} of the wall time): read less often; ltc.sync_guard('warn') "
