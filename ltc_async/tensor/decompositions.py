@@ -7,7 +7,7 @@ them is traced as usual (its own shape inference, lowering check and node).  Two
 * **`_foreach_*` ops with a list of scalars** (`Scalar[]`, or a host `Tensor` of them): the list
   would be baked into the node as constants, so Adam's bias corrections (new values every
   step) would compile a new graph every step -- and TorchScript takes no `Scalar[]` at all, so
-  today they fall back.  Each becomes one op per tensor, the op eager's CPU kernel runs per
+  they took the eager fallback.  Each becomes one op per tensor, the op eager's CPU kernel runs per
   tensor, with its scalar a runtime scalar of that node (keyed by type, as every other
   scalar), so no value ever recompiles.
 * **The fused RNN cells** `_thnn_fused_lstm_cell` / `_thnn_fused_gru_cell` and their backward
@@ -88,19 +88,11 @@ def _foreach_with_scalars(func: Any, args: tuple, kwargs: dict) -> list:
 
 
 def _foreach_decompositions() -> dict[Any, Callable[[Any, tuple, dict], Any]]:
-    table: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
-    for name in _PER_TENSOR:
-        packet = getattr(aten, "_foreach_" + name)
-        for overload in ("ScalarList", "Tensor"):
-            op = getattr(packet, overload, None) if overload in packet.overloads() else None
-            if op is None:
-                continue
-            last = op._schema.arguments[-1].type
-            # `.Tensor` overloads taking one tensor for all (`_foreach_mul.Tensor`) trace as is
-            if overload == "Tensor" and not (name in ("addcdiv", "addcmul")
-                                             and isinstance(last, torch._C.TensorType)):
-                continue
-            table[op] = _foreach_with_scalars
+    table = {getattr(aten, "_foreach_" + name).ScalarList: _foreach_with_scalars for name in _PER_TENSOR}
+    # `.Tensor` overloads holding one scalar per tensor (the others take one tensor for all,
+    # `_foreach_mul.Tensor`, and trace as they are)
+    table.update({getattr(aten, "_foreach_" + name).Tensor: _foreach_with_scalars
+                  for name in ("addcdiv", "addcmul")})
     return table
 
 
