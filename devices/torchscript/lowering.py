@@ -115,6 +115,8 @@ class TSLowering:
              lifted: Sequence[tuple[int, int | None]] = ()) -> list[torch._C.Value]:
         """Insert the aten node for `node`; return its flattened tensor outputs.  `lifted`:
         (template index, list index or None) of int constants taken as graph inputs."""
+        if not isinstance(node.op, torch._ops.OpOverload):  # a captured graph: its body inline
+            return node.op.lower(self, node, operand_values)
         g = self.graph
         scalar_vals: dict[int, torch._C.Value] = {}
         for e in node.template:  # scalar inputs in index order == template order

@@ -69,6 +69,8 @@ class Interpreter(Computation):
         op, template, operands, n_scalars, out_spec = step
         scalars = [next(it) for _ in range(n_scalars)]
         vals = [env[k][i] for k, i in operands]
+        if not isinstance(op, torch._ops.OpOverload):  # a captured graph (ltc_async.compile)
+            return op.run(vals, scalars, self.device)
         args = [self._arg(e, vals, scalars) for e in template]
         pos_args, kw_args = op_info(op).split(args)
         out = op(*pos_args, **kw_args)

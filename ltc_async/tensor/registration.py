@@ -238,10 +238,11 @@ def _patch_printing() -> None:
     """`repr` of an ltc tensor: one host copy, then eager's formatting plus device/grad suffixes
     (functional wrappers would otherwise print as functorch wrappers)."""
     import torch._tensor_str as ts
+    from torch._subclasses.fake_tensor import FakeTensor
     original = ts._str
 
     def _str(self: torch.Tensor, *, tensor_contents: Any = None) -> str:
-        if self.device.type != "ltc":
+        if self.device.type != "ltc" or isinstance(self, FakeTensor):  # fakes: torch.compile
             return original(self, tensor_contents=tensor_contents)
         # sync the tensor itself (not only the detached copy printed below): its graph runs
         # once, and the tensor then holds device data instead of staying pending

@@ -1,0 +1,286 @@
+"""`GraphFunction`: a captured FX graph as a callable that records one IR node per call.
+
+Design note.  AOTAutograd hands the backend aten-level FX graphs (forward, backward, or an
+inference graph) and later calls what the backend returned with the real arguments: here,
+`ltc` tensors (functional wrappers), Python numbers and None.  The first call for a given set
+of argument metadata *captures* the graph:
+
+1. each tensor argument is replaced by a placeholder, a DEVICE_DATA node of the argument's
+   shape, strides and dtype holding zeros (never read when capture succeeds);
+2. the FX graph runs once through ordinary lazy tracing (`GraphModule.forward` on the
+   placeholders, autograd off, the device's RNG state saved and restored around it): the IR
+   it produces is exactly what uncompiled tracing of the same ops produces;
+3. that IR, from the outputs back to the placeholders, becomes the body of a `Subgraph`
+   (`subgraph.py`).
+
+Every later call with the same metadata costs a dict lookup, unwrapping the arguments and
+building ONE `Node(subgraph, operands, (), scalars, output metas)` plus the output tensors:
+no per-op dispatch, no schema binding, no shape inference.  The outputs are ordinary pending
+lazy tensors; `mark_step` cuts them with whatever else is live, and the executor keys,
+caches, compiles (the TorchScript lowering inlines the body) and runs the step as before.
+
+Capture keys on what shapes the IR: each tensor argument's (shape, strides, dtype), the
+values of non-tensor arguments (SymInts of dynamic-shape graphs, floats), and the device.
+Dynamo's guards already fix most of this; the key makes a different layout or size (a
+dynamic-shape graph called at a new size) capture again instead of lying about strides.
+
+A graph that cannot be captured runs by *replay*: `GraphModule.forward` on the real arguments
+through ordinary lazy tracing, every call (still lazy and asynchronous, never eager).  That
+happens when an argument is a tensor on another device type (a CPU step count), an output is
+not an `ltc` tensor (a SymInt), or capture saw something that is not a pure function of the
+placeholders: an eager fallback, a host read, a transfer, an exception.  Counters:
+`CompiledGraphCapture` (captures), `CompiledGraphCall` (calls that recorded one node),
+`CompiledGraphReplay` (calls replayed), `CompiledGraphReplay::<reason>` (why, once per key).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .. import metrics
+from ..executor.futures import BackendData
+from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
+from ..tensor.lazy_tensor import LtcTensor, make_tensor, unwrap, wrap
+from .subgraph import Subgraph
+
+_wrap = torch._to_functional_tensor
+_from_functional = torch._from_functional_tensor
+_sync = torch._sync
+_is_functional = torch._is_functional_tensor
+_replace = torch._functionalize_replace
+_commit = torch._functionalize_commit_update
+_bump_versions = torch._C._increment_version   # takes a list of tensors
+
+# Counters that mean the capture run did something other than trace the graph's ops.
+_IMPURE = ("EagerFallback", "DataDependentSync", "HostMutation", "TransferToDevice", "TensorToHost")
+
+_ARG, _OUT, _NONE, _CONST = 0, 1, 2, 3   # how a graph output is produced (see Capture.outs)
+
+
+class _Replay:
+    """A capture key whose graph runs by replay (`reason` says why)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class Capture:
+    """One captured body and how a call maps onto it."""
+
+    __slots__ = ("consts", "formals", "mutations", "op", "outs")
+
+    def __init__(self, op: Subgraph | None, formals: tuple[int, ...], consts: tuple,
+                 outs: tuple, mutations: tuple) -> None:
+        self.op = op                # None: every output is an argument or None
+        self.formals = formals      # per body leaf that is an argument: its index among tensors
+        self.consts = consts        # (node, 0) of each captured constant leaf
+        # per graph output: (_OUT, body root, meta) | (_ARG, argument index) | (_NONE,)
+        # | (_CONST, a Python number)
+        self.outs = outs
+        # per input the graph writes (`copy_` into it, AOTAutograd's kept input mutations):
+        # (argument index, (_OUT, body root, meta) | (_ARG, argument index))
+        self.mutations = mutations
+
+
+class GraphFunction:
+    """The callable the `ltc` backend returns for one AOTAutograd graph (boxed convention:
+    called with a list of arguments, returns a list)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, label: str) -> None:
+        # an instance attribute: AOTAutograd wraps backward compilers' results with
+        # `functools.wraps`, which copies the instance `__dict__`, not class attributes
+        self._boxed_call = True
+        self.gm = gm
+        self.label = label
+        self._captures: dict[Any, Capture | _Replay] = {}
+        self._last_key: Any = None
+        self._last: Capture | _Replay | None = None
+
+    def __call__(self, args: list) -> list:
+        inner: list[LtcTensor] = []     # the LtcTensor of each tensor argument, in order
+        others: list[Any] = []          # the other arguments (SymInt values, ...)
+        ctx = None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if _is_functional(a):
+                    _sync(a)                    # apply pending view updates (as `unwrap`)
+                    t = _from_functional(a)
+                else:
+                    t = a
+                if type(t) is not LtcTensor:
+                    return self._replay(args, "non_ltc_tensor_argument")
+                if ctx is None:
+                    ctx = t._ctx
+                elif t._ctx is not ctx:
+                    return self._replay(args, "several_devices")
+                inner.append(t)
+            else:
+                others.append(a)
+        key = (ctx, tuple([t._m for t in inner]), tuple(others))
+        cap = self._last if key == self._last_key else self._captures.get(key)
+        if cap is None:
+            cap = self._capture(args, inner, ctx, key)
+        self._last_key, self._last = key, cap
+        if type(cap) is _Replay:
+            metrics.counter("CompiledGraphReplay")
+            return list(self.gm(*args))
+        metrics.counter("CompiledGraphCall")
+        node = None
+        op = cap.op
+        if op is not None:
+            operands = tuple([inner[k]._v for k in cap.formals]) + cap.consts
+            node = Node(op, operands, (), op.call_scalars(ctx), op.outputs, op.out_spec, op_key=op.key)
+        out: list[Any] = []
+        for o in cap.outs:
+            kind = o[0]
+            if kind is _OUT:
+                out.append(_wrap(make_tensor(ctx, node, o[1], o[2])))
+            elif kind is _ARG:
+                out.append(args[o[1]])
+            elif kind is _CONST:
+                out.append(o[1])
+            else:
+                out.append(None)
+        if cap.mutations:
+            _apply_mutations(ctx, node, args, cap.mutations)
+        return out
+
+    # -- capture ----------------------------------------------------------------------
+
+    def _replay(self, args: list, reason: str) -> list:
+        """Run the graph by ordinary lazy tracing (arguments the fast path cannot take)."""
+        if reason not in self._captures:
+            self._captures[reason] = _Replay(reason)
+            metrics.counter("CompiledGraphReplay::" + reason)
+        metrics.counter("CompiledGraphReplay")
+        return list(self.gm(*args))
+
+    def _capture(self, args: list, inner: list[LtcTensor], ctx: Any, key: Any) -> Capture | _Replay:
+        try:
+            cap: Capture | _Replay = self._record(args, inner, ctx)
+        except Exception as e:  # noqa: BLE001 - the real run (replay) raises what applies
+            cap = _Replay(f"capture_raised:{type(e).__name__}")
+        if type(cap) is _Replay:
+            metrics.counter("CompiledGraphReplay::" + cap.reason)
+        else:
+            metrics.counter("CompiledGraphCapture")
+        self._captures[key] = cap
+        return cap
+
+    def _record(self, args: list, inner: list[LtcTensor], ctx: Any) -> Capture | _Replay:
+        """Trace the graph once on placeholders (see the module note)."""
+        if ctx is None:
+            return _Replay("no_ltc_tensor")
+        placeholders: dict[int, int] = {}       # id(placeholder node) -> argument index
+        ph_nodes: dict[int, Node] = {}          # argument index -> its placeholder node
+        ph_args: list[Any] = []
+        k = 0
+        for j, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                m = inner[k]._m
+                node = make_data_node(BackendData(ctx, m, value=_zeros(m, ctx.backend_device)), m)
+                placeholders[id(node)] = j
+                ph_nodes[j] = node
+                ph_args.append(wrap(make_tensor(ctx, node, 0, m)))
+                k += 1
+            else:
+                ph_args.append(a)
+        before = {c: metrics._counters.get(c, 0) for c in _IMPURE}
+        seed, counter = ctx.rng_state()
+        try:
+            # no dispatch modes: AOTAutograd runs the first call under an analysis mode, whose
+            # re-dispatch would take factory results out of functionalization
+            with torch.no_grad(), _disable_current_modes():
+                outs = self.gm(*ph_args)
+        finally:
+            ctx.set_rng_state(seed, counter)
+        if any(metrics._counters.get(c, 0) != n for c, n in before.items()):
+            return _Replay("impure_capture")
+
+        roots: list[tuple[Node, int]] = []
+        root_index: dict[tuple[int, int], int] = {}
+
+        def source(v: tuple[Node, int]) -> list:
+            n, i = v
+            if n.op is DEVICE_DATA and id(n) in placeholders:
+                return [_ARG, placeholders[id(n)]]
+            r = root_index.get((id(n), i))
+            if r is None:
+                r = root_index[(id(n), i)] = len(roots)
+                roots.append(v)
+            return [_OUT, r, None]
+
+        result: list[list] = []
+        for o in outs:
+            if o is None:
+                result.append([_NONE])
+            elif isinstance(o, torch.Tensor) and o.device.type == "ltc":
+                t = unwrap(o)
+                if t._ctx is not ctx:
+                    return _Replay("several_devices")
+                result.append(source(t._v))
+            elif type(o) in (int, float, bool):
+                # a size (a SymInt of a dynamic-shape graph): fixed by the capture key
+                result.append([_CONST, o])
+            else:
+                return _Replay("non_tensor_output")
+        mutated: list[tuple[int, list]] = []
+        for j, node in ph_nodes.items():
+            t = unwrap(ph_args[j])
+            if t._v != (node, 0):
+                mutated.append((j, source(t._v)))
+
+        formals: list[tuple[int, Node]] = []
+        consts: list[Node] = []
+        ops: list[Node] = []
+        for n in post_order([n for n, _ in roots]):
+            if n.op is DEVICE_DATA:
+                if id(n) in placeholders:
+                    formals.append((placeholders[id(n)], n))
+                elif n.data is not None and n.data.future is None:
+                    consts.append(n)    # a value captured as a constant (0-dim upload, ...)
+                else:
+                    return _Replay("pending_leaf")
+            else:
+                ops.append(n)
+        formals.sort(key=lambda p: p[0])
+        tensor_index = {j: i for i, j in enumerate(ph_nodes)}
+        op = Subgraph([n for _, n in formals] + consts, ops, roots, self.label) if roots else None
+
+        def final(s: list) -> tuple:
+            return (_OUT, s[1], op.outputs[s[1]]) if s[0] is _OUT else tuple(s)
+        return Capture(op, tuple(tensor_index[j] for j, _ in formals), tuple((n, 0) for n in consts),
+                       tuple(final(s) for s in result), tuple((j, final(s)) for j, s in mutated))
+
+
+def _apply_mutations(ctx: Any, node: Node | None, args: list, mutations: tuple) -> None:
+    """Write the graph's kept input mutations into the arguments, as `copy_` would (value,
+    view updates through functionalization, the autograd version counter)."""
+    for j, src in mutations:
+        a = args[j]
+        if src[0] is _OUT:
+            new = make_tensor(ctx, node, src[1], src[2])
+        else:
+            v = _inner(args[src[1]])
+            new = make_tensor(ctx, v._v[0], v._v[1], v._m)
+        if _is_functional(a):
+            _replace(a, new)
+            _commit(a)
+        else:
+            ctx.rebind(a, new._v)
+    _bump_versions([args[j] for j, _ in mutations])
+
+
+def _inner(a: torch.Tensor) -> LtcTensor:
+    if _is_functional(a):
+        _sync(a)
+        return _from_functional(a)
+    return a
+
+
+def _zeros(m: TensorMeta, device: torch.device) -> torch.Tensor:
+    """A placeholder value with exactly the layout `m` (strides may overlap: expanded)."""
+    size = 1 + sum((s - 1) * st for s, st in zip(m.shape, m.stride)) if all(m.shape) else 0
+    return torch.zeros(size, dtype=m.dtype, device=device).as_strided(m.shape, m.stride)
