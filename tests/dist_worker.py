@@ -42,6 +42,48 @@ def main() -> None:
     full = sum(torch.arange(2.0 * world) * (r + 1) for r in range(world))
     torch.testing.assert_close(rs.cpu(), full[2 * rank:2 * rank + 2])
 
+    # every collective, sync and async_op=True, on inputs in each state: pending IR, device
+    # data, the placeholder result of an earlier collective; compared with eager's values
+    def state_of(host: torch.Tensor, state: str) -> torch.Tensor:
+        if state == "pending":
+            return host.to(dev) * 1
+        if state == "data":
+            d = host.to(dev)
+            ltc.mark_step()
+            return d
+        d = (host / world).to(dev)        # "previous": all-reduced just before (still queued)
+        dist.all_reduce(d)
+        return d
+    mine = torch.arange(4.0) * (rank + 1)
+
+    def host_of(r: int, state: str) -> torch.Tensor:   # what rank r's input holds, on the host
+        return sum(torch.arange(4.0) * (q + 1) / world for q in range(world)) if state == "previous" \
+            else torch.arange(4.0) * (r + 1)
+    for async_op in (False, True):
+        for state in ("pending", "data", "previous"):
+            works = []
+            x = state_of(mine, state)
+            works.append(dist.all_reduce(x, async_op=async_op))
+            y = state_of(mine, state)
+            works.append(dist.broadcast(y, src=world - 1, async_op=async_op))
+            parts = [torch.zeros(4, device=dev) for _ in range(world)]
+            works.append(dist.all_gather(parts, state_of(mine, state), async_op=async_op))
+            flat = torch.zeros(4 * world, device=dev)
+            works.append(dist.all_gather_into_tensor(flat, state_of(mine, state), async_op=async_op))
+            rs = torch.zeros(4, device=dev)
+            works.append(dist.reduce_scatter_tensor(rs, state_of(torch.cat([mine] * world), state),
+                                                    async_op=async_op))
+            for w in works:
+                if async_op:
+                    w.wait()
+            want = sum(host_of(r, state) for r in range(world))
+            torch.testing.assert_close((x + 0).cpu(), want, msg=f"all_reduce {state} async={async_op}")
+            torch.testing.assert_close(y.cpu(), host_of(world - 1, state))
+            for r, part in enumerate(parts):
+                torch.testing.assert_close(part.cpu(), host_of(r, state))
+            torch.testing.assert_close(flat.cpu(), torch.cat([host_of(r, state) for r in range(world)]))
+            torch.testing.assert_close(rs.cpu(), want, msg=f"reduce_scatter {state} async={async_op}")
+
     # data-parallel training: each rank trains on its shard, gradients averaged across ranks;
     # compared with single-process eager training on the whole batch
     torch.manual_seed(0)
