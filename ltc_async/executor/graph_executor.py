@@ -318,7 +318,9 @@ def read(tensors: Sequence[Any]) -> list[Any]:
     the next cut: a `generate()` loop reading each new token re-ran all earlier tokens' work
     (the KV cache stayed pending), and an eager fallback mid-forward re-ran the forward.  The
     graph this cuts depends on the live tensors, which a loop repeats, so it is cached."""
-    groups = {t._ctx: None for t in tensors}
+    # only devices where a read tensor is still pending: reading device data (an older value,
+    # from a closure or another thread) must not cut another thread's half-traced step
+    groups = {t._ctx: None for t in tensors if not t._v[0].is_data}
     if groups:
         schedule(groups)
     wait_all(needed(tensors))
