@@ -336,3 +336,15 @@ def test_a_read_runs_the_live_graph_once_no_work_twice(metrics):
         per_iteration.append(metrics.counter_value("ExecutedIrNodes") - before)
     assert max(per_iteration) == min(per_iteration), per_iteration   # does not grow
     assert_eager(lstate, state)
+
+
+def test_generic_program_keeps_the_number_of_split_outputs(metrics):
+    """`split` of a longer input yields more tensors: such graphs never share a program."""
+    outs = []
+    for n in (4, 6, 8, 10):
+        x = torch.arange(float(n))
+        outs.append((x.to("ltc:0").split(2)[0] * n, x.split(2)[0] * n))   # n/2 outputs, one used
+        ltc.mark_step()
+    for got, want in outs:
+        assert_eager(got, want)
+    assert not metrics.counter_value("ExecutionSalvaged")   # no program failed and was replayed

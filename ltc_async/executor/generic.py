@@ -86,7 +86,10 @@ def skeleton(plan: Any) -> tuple[tuple, list[int], list[Position], list[int]]:
                 entries.append(e)
         while len(before) < len(ints):
             before.append(n_inputs)
-        parts.append((n.key[0], tuple(entries), tuple([(pos[id(o)], i) for o, i in n.operands])))
+        # out_spec: how many tensors a `Tensor[]` result unpacks to (split, unbind, chunk) can
+        # follow the shapes the skeleton leaves out; the program unpacks a fixed number
+        parts.append((n.key[0], tuple(entries), tuple([(pos[id(o)], i) for o, i in n.operands]),
+                      n.out_spec))
     key = (tuple(parts), tuple([(pos[id(n)], i) for n, i in plan.roots]))
     return key, ints, where, before
 
