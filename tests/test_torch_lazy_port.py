@@ -44,8 +44,7 @@ test_ts_opinfo.py
       exact: the op runs eagerly on synced inputs, there is no upper-bound mode)
   TestLazyDynamicOps.test_adaptiveavgpool3d_dynamic -> test_adaptive_avg_pool3d_shape
 test_meta_kernel.py
-  test_addmm_invalid_dtype         -> test_addmm_invalid_dtype (strict xfail: known bug, a
-      float16 @ float32 mismatch passes meta shape inference and fails only at execution)
+  test_addmm_invalid_dtype         -> test_addmm_invalid_dtype (eager's dtype error at the line)
   test_addmm                       -> test_addmm_float16
   test_add_invalid_device          -> test_add_invalid_device
 test_extract_compiled_graph.py (`extract_compiled_graph` is superseded by
@@ -489,10 +488,6 @@ def test_adaptive_avg_pool3d_shape():
 
 # -- test_meta_kernel.py -------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug (also tests/models/test_programs.py::test_dtype_mismatch_raises_at_the_line): "
-    "aten::mm's meta kernel does not check dtypes, so float16 @ float32 passes shape inference "
-    "(tensor/shapes.py) and fails only at execution, as a ComputationError when read"))
 def test_addmm_invalid_dtype():
     inp = torch.ones(2, 2, dtype=torch.float16).to(DEV)
     fc_nobias = nn.Linear(2, 2, bias=False, dtype=torch.float32).to(DEV)
