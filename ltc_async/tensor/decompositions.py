@@ -2,7 +2,8 @@
 
 Design note.  A handler here receives the op below autograd and functionalization, as the
 generic path would, and calls the aten ops it decomposes into on the same lazy tensors: each of
-them is traced as usual (its own shape inference, lowering check and node).  Two families:
+them is traced as usual (its own shape inference, lowering check and node).  Two families
+below autograd:
 
 * **`_foreach_*` ops with a list of scalars** (`Scalar[]`, or a host `Tensor` of them): the list
   would be baked into the node as constants, so Adam's bias corrections (new values every
@@ -16,12 +17,21 @@ them is traced as usual (its own shape inference, lowering check and node).  Two
   (`aten/src/ATen/native/cuda/RNN.cu`), with the same workspace layout, so the autograd
   formulas ATen records for them (which call the backward ops below) work unchanged.
 
-One op is decomposed above autograd instead (`register()`): `_pack_padded_sequence` reads its
-host `lengths` and returns `batch_sizes` on the host, where the packed RNN kernels read it.
-Below autograd, functionalization would wrap that host result (and every later read of its
-memory would fail), so its kernel for `AutogradPrivateUse1` computes `batch_sizes` with eager's
-own kernel (on a stand-in of the input's first two dims: eager's checks and errors) and the
-packed data with differentiable ops on the lazy input, as ATen's kernel does.
+Above autograd (`register()`, kernels for `AutogradPrivateUse1`, which only ltc tensors reach):
+
+* **the in-place `_foreach_*_` ops** (every optimizer step): functionalization would first run
+  each of them on meta copies of its arguments, every call, through Python meta kernels (about
+  70 us per tensor); here that check runs once per signature and the functional op is traced
+  on the inner lazy tensors, each written wrapper then takes its result (see the section);
+* `_pack_padded_sequence` reads its host `lengths` and returns `batch_sizes` on the host, where
+  the packed RNN kernels read it.  Below autograd, functionalization would wrap that host result
+  (and every later read of its memory would fail), so its kernel computes `batch_sizes` with
+  eager's own kernel (on a stand-in of the input's first two dims: eager's checks and errors)
+  and the packed data with differentiable ops on the lazy input, as ATen's kernel does.
+
+Argument checks run on meta once per signature (`_check_on_meta`: tensor metas, list lengths,
+scalar types); the per-tensor ops go straight to the op path (`dispatch`), not through the
+dispatcher again.
 """
 from __future__ import annotations
 
@@ -30,8 +40,8 @@ from typing import Any
 
 import torch
 
-from ..ir.schema import op_info
-from . import shapes
+from ..ir.schema import TENSOR_LIST, op_info
+from . import lazy_tensor, shapes
 from .inplace import type_name
 from .lazy_tensor import LtcTensor
 
@@ -49,42 +59,218 @@ _PER_TENSOR = {
 }
 
 
-def _validate_on_meta(func: Any, args: tuple, kwargs: dict) -> None:
+def _meta_of(v: Any) -> Any:
+    """A lazy tensor (inner, or a user's functional wrapper) as a meta tensor of its geometry."""
+    if type(v) is LtcTensor:
+        return shapes.to_meta(v)
+    if isinstance(v, torch.Tensor) and v.device.type == "ltc":
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=_META)
+    if type(v) is list or type(v) is tuple:
+        return [_meta_of(e) for e in v]
+    return v
+
+
+def _validate_on_meta(func: Any, args: Any, kwargs: dict) -> None:
     """Eager's argument checks (list lengths, shapes, where the scalars live) at the user's line:
     the op itself on meta tensors.  Host tensors stay where they are: their device is checked."""
-    def meta(v: Any) -> Any:
-        if type(v) is LtcTensor:
-            return shapes.to_meta(v)
-        if type(v) is list or type(v) is tuple:
-            return [meta(e) for e in v]
-        return v
     try:
-        func(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+        func(*[_meta_of(a) for a in args], **{k: _meta_of(v) for k, v in kwargs.items()})
     except RuntimeError as e:
         raise RuntimeError(str(e).replace("got meta", f"got {_device_of(args)}")) from None
 
 
-def _device_of(args: tuple) -> str:
+def _device_of(args: Any) -> str:
     for a in args:
         for t in (a if type(a) is list else [a]):
             if type(t) is LtcTensor:
                 return str(t._ctx.device)
+            if isinstance(t, torch.Tensor) and t.device.type == "ltc":
+                return str(t.device)
     return "ltc"
+
+
+# Signatures whose meta check passed: (op, argument signatures) -> True.  A foreach call checks
+# every tensor of its lists; an optimizer repeats the same call every step, so after the first
+# step this costs one key (the tensors' metas, the scalars' types) and one lookup.  Read and
+# written by every tracing thread without a lock: single dict operations are atomic under the
+# GIL and a racing insert only stores the same True twice.
+_checked: dict[tuple, bool] = {}
+_CHECKED_MAX = 4096
+
+
+def _sig(v: Any) -> Any:
+    """What a meta check can depend on: tensor metas, list lengths, scalar types (and int
+    values: `pow` rejects negative integer exponents of integer tensors)."""
+    t = type(v)
+    if t is LtcTensor:
+        return v._m
+    if t is list or t is tuple:
+        return tuple([e._m if type(e) is LtcTensor else _sig(e) for e in v])
+    if t is float or t is complex:
+        return t
+    if t is int or t is bool:
+        return (t, v)
+    if isinstance(v, torch.Tensor):  # a host tensor (of scalars): where it lives matters
+        return (t, v.device, tuple(v.shape), v.stride(), v.dtype)
+    return v
+
+
+def _check_on_meta(func: Any, info: Any, full: list) -> None:
+    """`_validate_on_meta`, once per signature."""
+    try:
+        key = (func, *[_sig(v) for v in full])
+        if key in _checked:
+            return
+        hash(key)
+    except TypeError:  # an unhashable argument: check every call
+        key = None
+    _validate_on_meta(func, *info.split(full))
+    if key is not None:
+        if len(_checked) >= _CHECKED_MAX:
+            _checked.clear()
+        _checked[key] = True
 
 
 def _foreach_with_scalars(func: Any, args: tuple, kwargs: dict) -> list:
     """`_foreach_op(tensors..., scalars)`: `op(tensor_i..., scalars[i])` for each i."""
     info = op_info(func)
     full = info.bind(args, kwargs)
-    _validate_on_meta(func, *info.split(full))
+    _check_on_meta(func, info, full)
     *lists, scalars = full
     if isinstance(scalars, torch.Tensor):  # the `.Tensor` overload: a host tensor of scalars
         scalars = scalars.tolist()
     per_tensor = _PER_TENSOR[info.name.split(".")[0][len("_foreach_"):]]
     slot = per_tensor._schema.arguments[len(lists)]  # the scalar's argument
+    dispatch = lazy_tensor._dispatch   # straight to the op path: these are inner lazy tensors
     if slot.kwarg_only:  # `addcdiv(self, tensor1, tensor2, *, value)`
-        return [per_tensor(*[lst[i] for lst in lists], **{slot.name: s}) for i, s in enumerate(scalars)]
-    return [per_tensor(*[lst[i] for lst in lists], s) for i, s in enumerate(scalars)]
+        return [dispatch(per_tensor, tuple([lst[i] for lst in lists]), {slot.name: s})
+                for i, s in enumerate(scalars)]
+    return [dispatch(per_tensor, (*[lst[i] for lst in lists], s), None) for i, s in enumerate(scalars)]
+
+
+# -- _foreach_*_ in place, above autograd ---------------------------------------------------------
+#
+# PyTorch's functionalization kernel of an in-place op first runs the op itself on meta copies of
+# its arguments (to catch what only the in-place form rejects, such as broadcasting `self`).  The
+# foreach ops' meta kernels are Python (`torch/_meta_registrations.py`), per tensor: ~70 us per
+# tensor, 10-25 ms per optimizer step of a small model, every step.  So the in-place foreach
+# overloads get a kernel for `AutogradPrivateUse1` (ltc tensors only) that does what autograd
+# (nothing to record: no grad mode, or nothing requires grad) and functionalization would do,
+# with that meta check run once per signature: the functional op on the inner lazy tensors
+# (one traced node, or the decomposition above), then each written wrapper takes its new value
+# (`replace_`, `commit_update`, `sync`, as functionalization does) and its version is bumped.
+# When autograd must record (grad mode and an input requiring grad, or a forward-AD level), the
+# functional op runs through the dispatcher and each target takes its result by `copy_`, which
+# records the same derivatives.  Tensors that are not all ltc wrappers, and calls under a Python
+# dispatch mode, take PyTorch's own path below autograd.
+
+_fwd_ad = torch.autograd.forward_ad
+_is_functional = torch._is_functional_tensor
+_from_functional = torch._from_functional_tensor
+_fsync = torch._functionalize_sync
+_replace = torch._functionalize_replace
+_commit = torch._functionalize_commit_update
+_increment_version = torch._C._increment_version
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_META = torch.device("meta")
+
+
+def _inner(t: Any) -> LtcTensor | None:
+    """The inner lazy tensor of a user's ltc tensor (pending view updates applied), else None."""
+    if not isinstance(t, torch.Tensor) or not _is_functional(t):   # Parameters are wrappers too
+        return None
+    _fsync(t)
+    inner = _from_functional(t)
+    return inner if type(inner) is LtcTensor else None
+
+
+def _inner_args(info: Any, full: list) -> list | None:
+    """The bound arguments with every tensor replaced by its inner lazy tensor; None unless all
+    tensors in lists are ltc tensors (a lone host tensor, such as a tensor of scalars, stays)."""
+    out: list[Any] = []
+    for k, v in zip(info.kinds, full):
+        if k == TENSOR_LIST:
+            lst = []
+            for t in v:
+                i = _inner(t)
+                if i is None:
+                    return None
+                lst.append(i)
+            out.append(lst)
+        elif isinstance(v, torch.Tensor):
+            i = _inner(v)
+            if i is None:
+                if v.device.type == "ltc":
+                    return None
+                out.append(v)
+            else:
+                out.append(i)
+        else:
+            out.append(v)
+    return out
+
+
+def _records_autograd(full: list) -> bool:
+    if _fwd_ad._current_level >= 0:
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    for v in full:
+        if type(v) is list or type(v) is tuple:
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in v):
+                return True
+        elif isinstance(v, torch.Tensor) and v.requires_grad:
+            return True
+    return False
+
+
+def _inplace_foreach_kernel(inplace: Any, functional: Any) -> Callable[..., None]:
+    info = op_info(inplace)
+
+    def kernel(*args: Any, **kwargs: Any) -> None:
+        full = info.bind(args, kwargs)
+        inner = _inner_args(info, full) if _dispatch_modes() == 0 else None
+        if inner is not None:
+            if not _records_autograd(full):
+                _check_on_meta(inplace, info, inner)   # what functionalization checks first
+                fargs, fkwargs = info.split(inner)
+                outs = lazy_tensor._dispatch(functional, tuple(fargs), fkwargs)
+                targets = full[0]
+                for t, o in zip(targets, outs):
+                    _replace(t, o)
+                    _commit(t)
+                    _fsync(t)
+                _increment_version(targets)
+                return None
+            # recorded by autograd: the functional op on copies of the targets (its derivative
+            # may read them), then each target takes its result
+            _validate_on_meta(inplace, *info.split(full))
+            targets = full[0]
+            fargs, fkwargs = info.split([[t.clone() for t in targets], *full[1:]])
+            for t, o in zip(targets, functional(*fargs, **fkwargs)):
+                t.copy_(o)
+            return None
+        with torch._C._AutoDispatchBelowAutograd():   # PyTorch's path: version bump, functionalization
+            return inplace(*args, **kwargs)
+    return kernel
+
+
+def _inplace_foreach_ops() -> list[tuple[Any, Any]]:
+    """Every in-place `_foreach_*_` overload with its functional twin."""
+    found = []
+    names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
+                    if s.name.startswith("aten::_foreach_") and s.name.endswith("_")})
+    for name in names:
+        packet, functional = getattr(aten, name, None), getattr(aten, name[:-1], None)
+        if packet is None or functional is None:
+            continue
+        for overload in packet.overloads():
+            twin = getattr(functional, overload, None)
+            op = getattr(packet, overload)
+            if twin is not None and [a.name for a in twin._schema.arguments] == \
+                    [a.name for a in op._schema.arguments]:
+                found.append((op, twin))
+    return found
 
 
 def _foreach_decompositions() -> dict[Any, Callable[[Any, tuple, dict], Any]]:
@@ -208,6 +394,11 @@ _libs: list = []
 def register() -> None:
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("_pack_padded_sequence", _pack_padded_sequence, "AutogradPrivateUse1")
+    for op, functional in _inplace_foreach_ops():
+        name = op._schema.name.split("::")[1]
+        overload = op._schema.overload_name
+        lib.impl(name + ("." + overload if overload else ""), _inplace_foreach_kernel(op, functional),
+                 "AutogradPrivateUse1")
     _libs.append(lib)
 
 

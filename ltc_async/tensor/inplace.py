@@ -75,6 +75,36 @@ def _meta(v: Any) -> Any:
     return v
 
 
+# (name, signature of self and the arguments) -> the functional twin's result dtype, or None
+# (no twin, or it raised: the op will raise its own error).  What the dtype depends on is in the
+# key: tensors' dtypes, shapes and strides (meta errors), numbers' types (and ints' values),
+# other arguments as they are.  Read and written by every tracing thread without a lock: single
+# dict operations are atomic under the GIL, and a racing insert stores the same value twice.
+_result_dtypes: dict[tuple, Any] = {}
+_RESULT_DTYPES_MAX = 4096
+
+
+def _sig(v: Any) -> Any:
+    t = type(v)
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.shape, v.stride())
+    if t is float or t is complex:
+        return t
+    if t is int or t is bool:
+        return (t, v)
+    if t is list or t is tuple:
+        return (t, *[_sig(e) for e in v])
+    return v
+
+
+def _result_dtype(functional: Callable[..., Any], self: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    try:
+        out = functional(_meta(self), *map(_meta, args), **{k: _meta(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - the op itself will raise its own error
+        return None
+    return out.dtype if isinstance(out, torch.Tensor) else None
+
+
 def check_result_type(name: str, self: torch.Tensor, args: tuple, kwargs: dict) -> None:
     """Raise eager's error if the functional twin of in-place `name` gives a dtype that cannot
     be cast to `self`'s."""
@@ -84,16 +114,24 @@ def check_result_type(name: str, self: torch.Tensor, args: tuple, kwargs: dict) 
         name = name[:-1]
     else:
         return
-    functional = getattr(torch.Tensor, name, None)
-    if functional is None:
-        return
     try:
-        out = functional(_meta(self), *map(_meta, args), **{k: _meta(v) for k, v in kwargs.items()})
-    except Exception:  # noqa: BLE001 - the op itself will raise its own error
-        return
-    if isinstance(out, torch.Tensor) and not torch.can_cast(out.dtype, self.dtype):
-        raise RuntimeError(f"result type {type_name(out.dtype)} can't be cast to the desired output "
+        key: Any = (name, _sig(self), *[_sig(a) for a in args], *[(k, _sig(v)) for k, v in kwargs.items()])
+        dtype = _result_dtypes.get(key, _MISSING)
+    except TypeError:  # an unhashable argument: no caching
+        key, dtype = None, _MISSING
+    if dtype is _MISSING:
+        functional = getattr(torch.Tensor, name, None)
+        dtype = None if functional is None else _result_dtype(functional, self, args, kwargs)
+        if key is not None:
+            if len(_result_dtypes) >= _RESULT_DTYPES_MAX:
+                _result_dtypes.clear()
+            _result_dtypes[key] = dtype
+    if dtype is not None and not torch.can_cast(dtype, self.dtype):
+        raise RuntimeError(f"result type {type_name(dtype)} can't be cast to the desired output "
                            f"type {type_name(self.dtype)}")
+
+
+_MISSING = object()
 
 
 # -- 2. writes through aliasing views -----------------------------------------------------------
@@ -274,8 +312,11 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     """Does another argument share memory with `self` (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`)?
     Eager reads such inputs while it writes (or rejects a partial overlap); the functional op
     reads them before.  Views of one base whose memory ranges are disjoint (`chunk`s) are fine."""
+    tensors = [v for v in _flat((*args, *kwargs.values())) if isinstance(v, torch.Tensor)]
+    if not tensors:  # `x.add_(1)`: nothing to share memory with
+        return False
     storage = _storage(self)
-    others = [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, self, storage)]
+    others = [v for v in tensors if _alias_of(v, self, storage)]
     if not others:
         return False
     found = _base_of(self, others)
