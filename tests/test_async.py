@@ -226,7 +226,10 @@ def test_long_loop_has_bounded_memory():
     base = (_count(Node), _count(BackendData), _count(Execution), len(gx.cache), ctx.live_count())
     run(2000)
     after = (_count(Node), _count(BackendData), _count(Execution), len(gx.cache), ctx.live_count())
-    assert after == base, f"(nodes, data, futures, cache, live) grew from {base} to {after}"
+    # bounded: nothing grows with the number of steps (a few objects an earlier test left may
+    # be collected meanwhile)
+    assert all(a <= b for a, b in zip(after, base)), \
+        f"(nodes, data, futures, cache, live) grew from {base} to {after}"
     assert all(torch.isfinite(p.cpu()).all() for p in model.parameters())
 
 
