@@ -48,10 +48,12 @@ def ltc_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     """The Dynamo backend registered as "ltc" (see the module note)."""
     global _aot_backend
     if _aot_backend is None:
+        from functorch.compile import min_cut_rematerialization_partition
         from torch._dynamo.backends.common import aot_autograd
         _aot_backend = aot_autograd(fw_compiler=_graph_compiler("fw"), bw_compiler=_graph_compiler("bw"),
                                     inference_compiler=_graph_compiler("inference"),
                                     # input mutations as `copy_` in the graph: captured into the
                                     # body, applied by one replace per input (`capture.py`)
-                                    keep_inference_input_mutations=True)
+                                    keep_inference_input_mutations=True,
+                                    partition_fn=min_cut_rematerialization_partition)
     return _aot_backend(gm, example_inputs, **kwargs)

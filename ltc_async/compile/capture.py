@@ -47,10 +47,12 @@ from .subgraph import Subgraph
 
 _wrap = torch._to_functional_tensor
 _from_functional = torch._from_functional_tensor
-_sync = torch._sync
+_sync = torch._functionalize_sync   # `torch._sync` minus its FunctionalTensor (AOT) case
 _is_functional = torch._is_functional_tensor
 _replace = torch._functionalize_replace
 _commit = torch._functionalize_commit_update
+_set = torch.ops.aten.set_.source_Tensor
+_use_count = torch._C._storage_Use_Count
 _bump_versions = torch._C._increment_version   # takes a list of tensors
 
 # Counters that mean the capture run did something other than trace the graph's ops.
@@ -256,21 +258,38 @@ class GraphFunction:
 
 
 def _apply_mutations(ctx: Any, node: Node | None, args: list, mutations: tuple) -> None:
-    """Write the graph's kept input mutations into the arguments, as `copy_` would (value,
-    view updates through functionalization, the autograd version counter)."""
-    for j, src in mutations:
-        a = args[j]
-        if src[0] is _OUT:
-            new = make_tensor(ctx, node, src[1], src[2])
-        else:
-            v = _inner(args[src[1]])
-            new = make_tensor(ctx, v._v[0], v._v[1], v._m)
-        if _is_functional(a):
-            _replace(a, new)
-            _commit(a)
-        else:
-            ctx.rebind(a, new._v)
-    _bump_versions([args[j] for j, _ in mutations])
+    """Write the graph's kept input mutations into the arguments, as `copy_` would: the new
+    value, visible through every alias, and the autograd version counter bumped.
+
+    Functionalization's way (`replace_` + `commit_update`, what `copy_` does) queues the value
+    as an update of the storage, and every alias, the written tensor included, regenerates from
+    the base at its next read by replaying its view chain.  A parameter is a `detach` view
+    (`nn.Parameter` detaches its data), so that replay is one Python dispatch per parameter per
+    step, the largest per-tensor cost of a compiled step.  When nothing else shares the
+    tensor's storage (its use count is 1, plus the probe itself), there is no alias to update:
+    `set_` points the tensor at a fresh storage holding the new value (functionalization's own
+    `set_` kernel: no dispatch to ltc, version counter bumped), after which the tensor is a base
+    and its later writes and reads replay nothing."""
+    bump = []
+    with torch.no_grad():
+        for j, src in mutations:
+            a = args[j]
+            if src[0] is _OUT:
+                new = make_tensor(ctx, node, src[1], src[2])
+            else:
+                v = _inner(args[src[1]])
+                new = make_tensor(ctx, v._v[0], v._v[1], v._m)
+            if not _is_functional(a):
+                ctx.rebind(a, new._v)
+                bump.append(a)
+            elif _use_count(a.untyped_storage()._cdata) == 2:
+                _set(a, _wrap(new))
+            else:
+                _replace(a, new)
+                _commit(a)
+                bump.append(a)
+    if bump:
+        _bump_versions(bump)
 
 
 def _inner(a: torch.Tensor) -> LtcTensor:

@@ -133,6 +133,15 @@ def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
     return wrap(make_tensor(x._ctx, node, idx, x._m))
 
 
+def _same_value(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`detach_copy` / `alias_copy`: the input's value and layout (the view ops' strides).
+    Functionalization replays these whenever it regenerates a view of a written base (every
+    parameter is a `detach` view), so they skip the generic path."""
+    x = args[0]
+    metrics.counter("ltc::detach_copy" if func is aten.detach_copy.default else "ltc::alias_copy")
+    return make_tensor(x._ctx, x._v[0], x._v[1], x._m)
+
+
 _IDENTITY = {aten.detach_copy.default, aten.alias_copy.default, aten.lift_fresh_copy.default,
              aten.clone.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default}
 for _op in _IDENTITY:
@@ -144,4 +153,6 @@ SPECIAL: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten.native_batch_norm.default: _native_batch_norm,
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: _lift_fresh,
+    aten.detach_copy.default: _same_value,
+    aten.alias_copy.default: _same_value,
 }
