@@ -33,7 +33,8 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -92,7 +93,7 @@ def _transformers_case(name: str) -> tuple:
         return model(**b).loss
 
     def opt(params: Any) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+        return torch.optim.AdamW(params, lr=1e-3)
     return build, batch, loss, opt
 
 
@@ -178,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval(s) first (CPython's default: 0.005)")
     args = p.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     engines = args.engine or [e for e in ENGINES if e != "inductor+opt" or args.inductor_opt]
     torch.set_num_threads(arena.get("ltc:0").threads)   # eager and Inductor: the worker's threads
     results = {name: run_case(name, engines, args.rounds, args.steps, args.warmup)

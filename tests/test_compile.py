@@ -135,6 +135,34 @@ def test_optimizer_state_and_momentum_buffers_written():
         torch.testing.assert_close(opt_l.state[p_l]["momentum_buffer"].cpu(), opt_e.state[p_e]["momentum_buffer"])
 
 
+@pytest.mark.parametrize("capturable", [False, True])
+def test_adamw_step_with_host_step_counts(metrics, capturable):
+    # AdamW keeps `step` as a CPU tensor (capturable=False): the compiled step runs the count
+    # updates on the host, everything else captured; capturable=True keeps them on ltc
+    eager = _mlp()
+    lazy = copy.deepcopy(eager).to("ltc:0")
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2, weight_decay=0.1, capturable=capturable)
+    step = torch.compile(opt_l.step, backend="ltc")
+    for x, y in _batches(4):
+        nn.functional.cross_entropy(lazy(x.to("ltc:0")), y.to("ltc:0")).backward()
+        step()
+        opt_l.zero_grad()
+        ltc.mark_step()
+        nn.functional.cross_entropy(eager(x), y).backward()
+        opt_e.step()
+        opt_e.zero_grad()
+    _assert_params(lazy, eager)
+    state = opt_l.state[lazy[0].weight]
+    assert state["step"].device.type == ("ltc" if capturable else "cpu")
+    assert float(state["step"].cpu()) == 4.0
+    torch.testing.assert_close(state["exp_avg_sq"].cpu(), opt_e.state[eager[0].weight]["exp_avg_sq"])
+    assert _count("CompiledGraphReplay") == 0
+    assert _count("EagerFallback") == 0
+    if not capturable:
+        assert _count("CompiledGraphHostSplit") == 4
+
+
 def test_batchnorm_running_stats(metrics):
     def build():
         torch.manual_seed(0)

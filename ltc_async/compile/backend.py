@@ -33,11 +33,13 @@ from typing import Any
 import torch
 
 from .capture import GraphFunction
+from .split import SplitGraphFunction, split_host
 
 
 def _graph_compiler(label: str) -> Any:
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphFunction:
-        return GraphFunction(gm, label)
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        split = split_host(gm)      # CPU tensors among the inputs (an optimizer's step counts)
+        return SplitGraphFunction(split, label) if split is not None else GraphFunction(gm, label)
     return compile_graph
 
 
