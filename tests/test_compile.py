@@ -224,6 +224,54 @@ def test_graph_break_falls_back_to_lazy_tracing(metrics):
     assert _count("ltc::sum") > before          # traced lazily, outside any captured graph
 
 
+def test_whole_training_step_compiled(metrics):
+    # backward, the optimizer and mark_step inside the compiled function: Dynamo breaks the
+    # graph at `loss.backward()` and at `ltc.mark_step()` (it never traces into ltc_async)
+    eager = _mlp()
+    lazy = copy.deepcopy(eager).to("ltc:0")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.9)
+
+    @torch.compile(backend="ltc")
+    def train_step(x, y):
+        loss = nn.functional.cross_entropy(lazy(x), y)
+        loss.backward()
+        opt_l.step()
+        opt_l.zero_grad()
+        ltc.mark_step()
+        return loss
+    for x, y in _batches(4):
+        loss = train_step(x.to("ltc:0"), y.to("ltc:0"))
+        assert unwrap(loss)._v[0].is_data           # mark_step ran inside the function
+        le = nn.functional.cross_entropy(eager(x), y)
+        le.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        torch.testing.assert_close(loss.cpu(), le.detach())
+    _assert_params(lazy, eager)
+    assert _count("MarkStep") == 4
+    assert _count("CompiledGraphReplay") == 0
+
+
+def test_compiled_function_writes_its_inputs(metrics):
+    def f(x, y):
+        x.mul_(2)
+        y[1:].add_(x[1:])
+        return x.sum() + y.sum()
+    cf = torch.compile(f, backend="ltc")
+    for keep_view in (False, True):
+        xe, ye = torch.randn(4, 3), torch.randn(4, 3)
+        xl, yl = xe.to("ltc:0"), ye.to("ltc:0")
+        view = xl[2] if keep_view else None        # an alias that must see the write
+        out = cf(xl, yl)
+        torch.testing.assert_close(out.cpu(), f(xe, ye))
+        torch.testing.assert_close(xl.cpu(), xe)
+        torch.testing.assert_close(yl.cpu(), ye)
+        if view is not None:
+            torch.testing.assert_close(view.cpu(), xe[2])
+    assert _count("CompiledGraphReplay") == 0
+
+
 def test_two_devices(metrics):
     eager = _mlp()
     m0 = copy.deepcopy(eager).to("ltc:0")

@@ -1,9 +1,12 @@
 """`torch.compile(model_or_fn, backend="ltc")` on lazy devices (see `backend.py`).
 
 `register()` (called by `import ltc_async`) makes Dynamo fake-ify `ltc` tensors correctly
-(`fakeify.py`) and registers the backend name "ltc" with Dynamo's backend registry.  Importing
-Dynamo takes over a second, so when it is not imported yet the name is registered the moment
-the registry module loads (an import hook), which every `torch.compile(...)` call does first.
+(`fakeify.py`), registers the backend name "ltc" with Dynamo's backend registry, and tells
+Dynamo never to trace into ltc_async itself: `ltc.mark_step()` (or any other API call) inside
+a compiled function is a graph break and runs as it is, not a half-traced walk through the
+executor's locks and threads.  Importing Dynamo takes over a second, so when it is not
+imported yet, both happen the moment Dynamo's modules load (an import hook): every
+`torch.compile(...)` call loads them first.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from typing import Any
 __all__ = ["ltc_backend", "register"]
 
 _REGISTRY = "torch._dynamo.backends.registry"
+_TRACE_RULES = "torch._dynamo.trace_rules"
+_SKIPPED = ("ltc_async", "ltc_async_devices")
 
 
 def ltc_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
@@ -29,11 +34,22 @@ def _register_with(registry: Any) -> None:
         registry.register_backend(compiler_fn=ltc_backend, name="ltc")
 
 
-class _RegistryHook(importlib.abc.MetaPathFinder):
-    """Registers "ltc" right after Dynamo's backend registry module executes."""
+def _skip_in(trace_rules: Any) -> None:
+    for package in _SKIPPED:
+        trace_rules.add(package)
+
+
+_AFTER = {_REGISTRY: _register_with, _TRACE_RULES: _skip_in}
+
+
+class _DynamoHook(importlib.abc.MetaPathFinder):
+    """Runs `_AFTER[name](module)` right after Dynamo's module `name` finishes executing."""
+
+    def __init__(self, pending: set[str]) -> None:
+        self.pending = pending
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _REGISTRY:
+        if name not in self.pending:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -41,32 +57,33 @@ class _RegistryHook(importlib.abc.MetaPathFinder):
         loader = spec.loader
         exec_module = loader.exec_module
 
-        def exec_and_register(module: Any) -> None:
+        def exec_then_hook(module: Any) -> None:
             exec_module(module)
-            _remove_hook()
-            _register_with(module)
-        loader.exec_module = exec_and_register  # type: ignore[method-assign]
+            self.pending.discard(name)
+            if not self.pending and self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _AFTER[name](module)
+        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
         return spec
 
 
-_hook: _RegistryHook | None = None
-
-
-def _remove_hook() -> None:
-    global _hook
-    if _hook is not None and _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
-    _hook = None
+_hook: _DynamoHook | None = None
 
 
 def register() -> None:
-    """Install the fake-ification fix and register the "ltc" backend (idempotent)."""
+    """Install the fake-ification fix, register the "ltc" backend and skip ltc_async in
+    Dynamo's tracing, now or when Dynamo loads (idempotent)."""
     global _hook
     from . import fakeify
     fakeify.install()
-    registry = sys.modules.get(_REGISTRY)
-    if registry is not None:
-        _register_with(registry)
-    elif _hook is None:
-        _hook = _RegistryHook()
+    if _hook is not None:
+        return
+    pending = set()
+    for name, then in _AFTER.items():
+        if name in sys.modules:
+            then(sys.modules[name])
+        else:
+            pending.add(name)
+    if pending:
+        _hook = _DynamoHook(pending)
         sys.meta_path.insert(0, _hook)
