@@ -104,9 +104,11 @@ def test_training_matches_eager(metrics, compile_optimizer):
         if i == 2:   # warmed up: from here on every step is a cache hit
             ltc.wait_device_ops()
             compiles = _count("UncachedCompile")
+            captures = _count("CompiledGraphCapture")     # no Dynamo recompile either
     ltc.wait_device_ops()
     _assert_params(lazy, eager)
     assert _count("UncachedCompile") == compiles
+    assert _count("CompiledGraphCapture") == captures
     assert _count("CompiledGraphReplay") == 0
     assert _count("EagerFallback") == 0
     per_step = 3 if compile_optimizer else 2     # forward, backward (, optimizer)

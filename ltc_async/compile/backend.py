@@ -39,8 +39,19 @@ from .split import SplitGraphFunction, split_host
 def _graph_compiler(label: str) -> Any:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         split = split_host(gm)      # CPU tensors among the inputs (an optimizer's step counts)
-        return SplitGraphFunction(split, label) if split is not None else GraphFunction(gm, label)
+        if split is not None:
+            return SplitGraphFunction(split, label)
+        return GraphFunction(gm, label, _saved_from() if label == "fw" else None)
     return compile_graph
+
+
+def _saved_from() -> int | None:
+    """Where a forward graph's outputs saved for the backward start (AOTAutograd returns
+    mutated inputs, user outputs and intermediate bases first, the rng offset if any, then the
+    saved tensors and sizes)."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    return getattr(meta, "num_forward", None)
 
 
 _aot_backend: Any = None

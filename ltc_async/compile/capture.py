@@ -58,7 +58,7 @@ _bump_versions = torch._C._increment_version   # takes a list of tensors
 # Counters that mean the capture run did something other than trace the graph's ops.
 _IMPURE = ("EagerFallback", "DataDependentSync", "HostMutation", "TransferToDevice", "TensorToHost")
 
-_ARG, _OUT, _NONE, _CONST = 0, 1, 2, 3   # how a graph output is produced (see Capture.outs)
+_ARG, _OUT, _NONE, _CONST, _BARE = 0, 1, 2, 3, 4   # how a graph output is produced (Capture.outs)
 
 
 class _Replay:
@@ -78,8 +78,8 @@ class Capture:
         self.op = op                # None: every output is an argument or None
         self.formals = formals      # per body leaf that is an argument: its index among tensors
         self.consts = consts        # (node, 0) of each captured constant leaf
-        # per graph output: (_OUT, body root, meta) | (_ARG, argument index) | (_NONE,)
-        # | (_CONST, a Python number)
+        # per graph output: (_OUT | _BARE, body root, meta) | (_ARG, argument index) | (_NONE,)
+        # | (_CONST, a Python number); _BARE: no functional wrapper (see `bare_from`)
         self.outs = outs
         # per input the graph writes (`copy_` into it, AOTAutograd's kept input mutations):
         # (argument index, (_OUT, body root, meta) | (_ARG, argument index))
@@ -90,12 +90,16 @@ class GraphFunction:
     """The callable the `ltc` backend returns for one AOTAutograd graph (boxed convention:
     called with a list of arguments, returns a list)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, label: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, label: str, bare_from: int | None = None) -> None:
         # an instance attribute: AOTAutograd wraps backward compilers' results with
         # `functools.wraps`, which copies the instance `__dict__`, not class attributes
         self._boxed_call = True
         self.gm = gm
         self.label = label
+        # outputs from this index on are only saved for the backward graph (a forward graph's
+        # activations): they stay bare `LtcTensor`s, never seen by user code or autograd, so
+        # they skip functionalization's wrapper (and the backward skips unwrapping them)
+        self.bare_from = bare_from
         self._captures: dict[Any, Capture | _Replay] = {}
         self._last_key: Any = None
         self._last: Capture | _Replay | None = None
@@ -139,6 +143,8 @@ class GraphFunction:
             kind = o[0]
             if kind is _OUT:
                 out.append(_wrap(make_tensor(ctx, node, o[1], o[2])))
+            elif kind is _BARE:
+                out.append(make_tensor(ctx, node, o[1], o[2]))
             elif kind is _ARG:
                 out.append(args[o[1]])
             elif kind is _CONST:
@@ -251,10 +257,15 @@ class GraphFunction:
         tensor_index = {j: i for i, j in enumerate(ph_nodes)}
         op = Subgraph([n for _, n in formals] + consts, ops, roots, self.label) if roots else None
 
-        def final(s: list) -> tuple:
-            return (_OUT, s[1], op.outputs[s[1]]) if s[0] is _OUT else tuple(s)
+        bare_from = len(result) if self.bare_from is None else self.bare_from
+
+        def final(s: list, k: int = -1) -> tuple:      # k: output index (-1: a mutation)
+            if s[0] is _OUT:
+                return (_BARE if 0 <= bare_from <= k else _OUT, s[1], op.outputs[s[1]])
+            return tuple(s)
         return Capture(op, tuple(tensor_index[j] for j, _ in formals), tuple((n, 0) for n in consts),
-                       tuple(final(s) for s in result), tuple((j, final(s)) for j, s in mutated))
+                       tuple(final(s, k) for k, s in enumerate(result)),
+                       tuple((j, final(s)) for j, s in mutated))
 
 
 def _apply_mutations(ctx: Any, node: Node | None, args: list, mutations: tuple) -> None:
