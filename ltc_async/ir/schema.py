@@ -62,7 +62,7 @@ class OpInfo:
     """Schema facts about one `OpOverload`, cached (see `op_info`)."""
 
     __slots__ = ("op", "name", "qualname", "counter", "identity", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
-                 "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded",
+                 "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded", "n_args", "default_tails",
                  "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin",
                  "index_lists")
 
@@ -80,6 +80,12 @@ class OpInfo:
         self.defaults = tuple(a.default_value if a.has_default_value() else _NO_DEFAULT
                               for a in schema.arguments)
         self.n_positional_max = sum(1 for a in schema.arguments if not a.kwarg_only)
+        # Binding without kwargs: `args + default_tails[len(args)]` (None where an argument
+        # after `len(args)` has no default).
+        self.n_args = len(self.kinds)
+        self.default_tails = tuple(
+            None if any(d is _NO_DEFAULT for d in self.defaults[n:]) else tuple(self.defaults[n:])
+            for n in range(self.n_args))
         self.index_of = {a.name: i for i, a in enumerate(schema.arguments)}
         rets = []
         for r in schema.returns:

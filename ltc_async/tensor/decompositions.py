@@ -172,6 +172,10 @@ _replace = torch._functionalize_replace
 _commit = torch._functionalize_commit_update
 _increment_version = torch._C._increment_version
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_is_base = torch._is_functional_tensor_base
+_use_count = torch._C._storage_Use_Count
+_set = aten.set_.source_Tensor
+_wrap = torch._to_functional_tensor
 _META = torch.device("meta")
 
 
@@ -210,6 +214,32 @@ def _inner_args(info: Any, full: list) -> list | None:
     return out
 
 
+def _write(targets: list, inner: list[LtcTensor], outs: list) -> None:
+    """Each target takes its new value, as functionalization's in-place kernels write it: the
+    value, seen through every alias, and the autograd version counter bumped.
+
+    Functionalization's way (`replace_` + `commit_update`) queues the value as an update of the
+    storage, and every view of it, the target included, regenerates from the base at its next
+    read by replaying its view chain: one Python dispatch per view.  Every parameter is such a
+    view (`nn.Parameter` detaches its data), so an optimizer step would cost one replay per
+    parameter write.  A target that is a view no other tensor shares (its storage's use count
+    is 1, plus the probe) and whose new value has its layout instead takes a fresh storage
+    holding that value (functionalization's own `set_`, which bumps the version): it is then a
+    base, whose later writes and reads replay nothing."""
+    bump = []
+    for t, i, o in zip(targets, inner, outs):
+        if not _is_base(t) and o._m == i._m and _use_count(t.untyped_storage()._cdata) == 2:
+            _set(t, _wrap(o))   # bumps the version (and the update below keeps the graphs: see
+            #                     `modules.own_storage`)
+        else:
+            bump.append(t)
+        _replace(t, o)
+        _commit(t)
+        _fsync(t)
+    if bump:
+        _increment_version(bump)
+
+
 def _records_autograd(full: list) -> bool:
     if _fwd_ad._current_level >= 0:
         return True
@@ -235,12 +265,7 @@ def _inplace_foreach_kernel(inplace: Any, functional: Any) -> Callable[..., None
                 _check_on_meta(inplace, info, inner)   # what functionalization checks first
                 fargs, fkwargs = info.split(inner)
                 outs = lazy_tensor._dispatch(functional, tuple(fargs), fkwargs)
-                targets = full[0]
-                for t, o in zip(targets, outs):
-                    _replace(t, o)
-                    _commit(t)
-                    _fsync(t)
-                _increment_version(targets)
+                _write(full[0], inner[0], outs)
                 return None
             # recorded by autograd: the functional op on copies of the targets (its derivative
             # may read them), then each target takes its result

@@ -28,31 +28,66 @@ from . import collectives, lazy_tensor
 from .decompositions import DECOMPOSITIONS
 from .host import host_op, mutating_host_op
 from .special import SPECIAL
-from .trace import trace
+from .trace import make_plan, trace
 
-_entries: dict[int, tuple[Any, OpInfo]] = {}  # id(op) -> (special handler or decomposition, OpInfo)
+# How each op overload is handled, decided once per overload (by id: OpOverload.__hash__ is slow
+# Python code): a special handler or decomposition, the generic trace, or a host path.
+_TRACE, _HANDLER, _COLLECTIVE, _MUTATING, _HOST, _SEEDED = range(6)
+_routes: dict[int, tuple[int, Any, OpInfo]] = {}   # id(op) -> (route, handler, OpInfo)
+_counters = metrics._counters
+
+
+def _route(func: torch._ops.OpOverload) -> tuple[int, Any, OpInfo]:
+    info = op_info(func)
+    handler = SPECIAL.get(func) or DECOMPOSITIONS.get(func)
+    if handler is not None:
+        route = _HANDLER
+    elif info.is_inplace_or_out:
+        route = _COLLECTIVE if info.qualname.startswith("c10d::") else _MUTATING
+    elif not info.returns_only_tensors:
+        route = _HOST
+    elif info.seeded and not info.has_generator:
+        route = _SEEDED
+    else:
+        route, handler = _TRACE, make_plan(func, info)   # the traced path, unrolled for this op
+    entry = _routes[id(func)] = (route, handler, info)  # a racing thread stores an equal entry
+    return entry
+
+
+def torch_dispatch(cls: Any, func: torch._ops.OpOverload, types: Any, args: tuple = (),
+                   kwargs: dict | None = None) -> Any:
+    """`LtcTensor.__torch_dispatch__`: every aten call on lazy tensors."""
+    entry = _routes.get(id(func))
+    route, handler, info = entry if entry is not None else _route(func)
+    if route == _TRACE:
+        c = info.counter
+        _counters[c] = _counters.get(c, 0) + 1
+        if kwargs:
+            return handler(info.bind(args, kwargs))
+        n = len(args)
+        if n == info.n_args:
+            return handler(args)
+        tail = info.default_tails[n] if n < info.n_args else None
+        return handler(args + tail if tail is not None else info.bind(args, kwargs))
+    if route == _HANDLER:
+        return handler(func, args, kwargs or {})
+    metrics.counter(info.counter)
+    if route == _COLLECTIVE:   # torch.distributed: queued on the device
+        out = collectives.queue(func, info, args, kwargs or {})
+        if out is not NotImplemented:
+            return out
+        return mutating_host_op(func, info, args, kwargs or {})
+    if route == _MUTATING:
+        return mutating_host_op(func, info, args, kwargs or {})
+    if route == _HOST:
+        return host_op(func, info, args, kwargs or {})
+    return _seeded(func, info, info.bind(args, kwargs))
 
 
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
-    entry = _entries.get(id(func))  # by id: OpOverload.__hash__ is slow Python code
-    if entry is None:
-        entry = _entries[id(func)] = (SPECIAL.get(func) or DECOMPOSITIONS.get(func), op_info(func))
-    handler, info = entry
-    if handler is not None:
-        return handler(func, args, kwargs or {})
-    metrics.counter(info.counter)
-    if info.is_inplace_or_out:
-        if info.qualname.startswith("c10d::"):   # torch.distributed: queued on the device
-            out = collectives.queue(func, info, args, kwargs or {})
-            if out is not NotImplemented:
-                return out
-        return mutating_host_op(func, info, args, kwargs or {})
-    if not info.returns_only_tensors:
-        return host_op(func, info, args, kwargs or {})
-    full = info.bind(args, kwargs) if (kwargs or len(args) != len(info.kinds)) else list(args)
-    if info.seeded and not info.has_generator:
-        return _seeded(func, info, full)
-    return trace(func, info, full)
+    """The op path for `func(*args, **kwargs)` on inner lazy tensors (also called directly by
+    handlers and the PrivateUse1 fallback, skipping the dispatcher)."""
+    return torch_dispatch(None, func, None, args if type(args) is tuple else tuple(args), kwargs)
 
 
 def _seeded(func: Any, info: OpInfo, full: list) -> Any:
@@ -83,3 +118,4 @@ backward_errors = BackwardErrors()
 
 
 lazy_tensor._dispatch = dispatch
+lazy_tensor.LtcTensor.__torch_dispatch__ = classmethod(torch_dispatch)  # type: ignore[assignment]

@@ -60,19 +60,28 @@ def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
 _scalar_cache: dict[tuple, Node] = {}
 
 
-def _upload_scalar(ctx: DeviceContext, host: torch.Tensor, meta: TensorMeta) -> LtcTensor:
-    """0-dim host tensors (`x + torch.tensor(2.0)`) are cached by value: LTC's DataCache."""
+def scalar_node(ctx: DeviceContext, host: torch.Tensor) -> Node:
+    """The device-data node of a 0-dim host tensor (`x + torch.tensor(2.0)`, wrapped numbers),
+    cached by exact value: LTC's DataCache.  Read and filled by every tracing thread without a
+    lock: a racing miss uploads the value twice and keeps one node, both hold the same value."""
     # exact(): keeps apart what equality would merge (-0.0 vs 0.0, NaN signs), NaN equal to itself
     key = (ctx.index, host.dtype, exact(host.item()))
     node = _scalar_cache.get(key)
     if node is None:
         metrics.counter("DeviceDataCacheMiss")
+        meta = TensorMeta((), (), host.dtype)
         data = BackendData(ctx, meta, value=ctx.backend.upload(host, ctx.backend_device))
         node = make_data_node(data, meta)
         if len(_scalar_cache) > 4096:
             _scalar_cache.clear()
         _scalar_cache[key] = node
-    return make_tensor(ctx, node, 0, meta)
+    return node
+
+
+def _upload_scalar(ctx: DeviceContext, host: torch.Tensor, meta: TensorMeta) -> LtcTensor:
+    """0-dim host tensors (`x + torch.tensor(2.0)`) are cached by value: LTC's DataCache."""
+    node = scalar_node(ctx, host)
+    return make_tensor(ctx, node, 0, node.outputs[0])
 
 
 def adopt(ctx: DeviceContext, value: torch.Tensor) -> LtcTensor:

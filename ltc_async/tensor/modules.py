@@ -10,6 +10,17 @@ copies then get different gradients.
 The fix is general: around the outermost `_apply`, note which (module, name) slots hold the
 same `Parameter` (or buffer) object, and afterwards point every slot of such a group at the one
 converted object.  Nothing changes where conversion already kept the objects shared.
+
+Converted parameters also get a storage of their own.  `nn.Parameter` detaches its data, and
+`detach` is a view for functionalization: every parameter would be a view of the temporary
+`.to()` result, so each write to it (every optimizer step) would queue an update of that
+storage and each later read regenerate the parameter by replaying `detach_copy`, one Python
+dispatch per parameter and write.  A parameter no other tensor shares (its storage's use count
+is 1, plus the probe) is pointed at a fresh storage holding its value instead
+(functionalization's own `set_`, no dispatch to ltc, its version counter kept): a base, whose
+writes and reads replay nothing.  (The in-place foreach kernels in `decompositions.py` do the
+same for what an optimizer writes; doing it here, before the first step, keeps the first
+steps' graphs those of the steady state.)
 """
 from __future__ import annotations
 
@@ -17,6 +28,8 @@ import threading
 from typing import Any
 
 import torch
+
+from .lazy_tensor import LtcTensor
 
 _state = threading.local()
 
@@ -42,6 +55,39 @@ def _retie(groups: list[list[tuple[torch.nn.Module, str, str]]]) -> None:
             getattr(mod, table)[name] = keep
 
 
+_is_functional = torch._is_functional_tensor
+_is_base = torch._is_functional_tensor_base
+_use_count = torch._C._storage_Use_Count
+_set = torch.ops.aten.set_.source_Tensor
+
+
+def own_storage(t: torch.Tensor) -> None:
+    """Make the ltc view `t` a base of its own storage if no other tensor shares its storage
+    (see the module docstring)."""
+    if (not _is_functional(t) or _is_base(t) or t.device.type != "ltc"
+            or _use_count(t.untyped_storage()._cdata) != 2):
+        return
+    torch._functionalize_sync(t)
+    inner = torch._from_functional_tensor(t)
+    if type(inner) is not LtcTensor:
+        return
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(t):
+        _set(t, torch._to_functional_tensor(inner))
+        # a fresh storage is at generation 0, where views taken from it start up to date; once
+        # written (every later step) a view is regenerated at its first read (PyTorch starts
+        # views at generation 0): one update now keeps the first steps' graphs the later ones'
+        torch._functionalize_replace(t, inner)
+        torch._functionalize_commit_update(t)
+        torch._functionalize_sync(t)
+
+
+def _own_storages(root: torch.nn.Module, recurse: bool) -> None:
+    for mod in (root.modules() if recurse else (root,)):
+        for p in mod._parameters.values():
+            if p is not None:
+                own_storage(p)
+
+
 def patch_module_apply() -> None:
     original = torch.nn.Module._apply
 
@@ -56,6 +102,7 @@ def patch_module_apply() -> None:
             _state.active = False
         if groups:
             _retie(groups)
+        _own_storages(self, recurse)
         return out
 
     torch.nn.Module._apply = _apply

@@ -25,6 +25,7 @@ from ..ir.schema import GENERATOR, OpInfo
 from .lazy_tensor import LtcTensor
 
 FALLBACK = "fallback"                  # shape-cache value: run this signature eagerly
+ONE = (None,)                          # the out_spec of one tensor output (compared by identity)
 cache: dict[tuple, Any] = {}           # (op, template, input metas) -> (metas, out_spec) | FALLBACK
 _CACHE_MAX = 1 << 16
 _META = torch.device("meta")
@@ -91,7 +92,7 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         else:
             spec.append(len(r))
             metas.extend(TensorMeta(tuple(e.shape), tuple(e.stride()), e.dtype) for e in r)
-    return tuple(metas), tuple(spec)
+    return tuple(metas), (ONE if spec == [None] else tuple(spec))
 
 
 def _lazy_inputs(full: list) -> list[LtcTensor]:

@@ -17,20 +17,20 @@ callers' `.contiguous()`; a tensor claiming a layout its value lacks gives garba
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from .._config import config
 from ..executor import arena
 from ..executor.device import DeviceContext, caller_location
-from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, exact
+from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, TensorMeta, exact
 from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
 from ..ir.schema import SCALAR as K_SCALAR
 from ..ir.schema import TENSOR as K_TENSOR
 from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
 from . import shapes
-from .host import eager_fallback, seed_from, upload
+from .host import eager_fallback, scalar_node, seed_from, upload
 from .lazy_tensor import LtcTensor, make_tensor
 
 aten = torch.ops.aten
@@ -63,25 +63,40 @@ def _is_wide(v: Any) -> bool:
     return (type(v) is list or type(v) is tuple) and any(_is_wide(e) for e in v)
 
 
-def trace(func: Any, info: OpInfo, full: list) -> Any:
-    """Record `func(*full)` as an IR node and return lazy tensors for its outputs."""
+# Template entries are tuples; the common ones are built once (an allocation less per argument).
+_TREFS = tuple((TENSOR, i) for i in range(256))                          # operand i
+_SREFS = {t: tuple((SCALAR, k, t) for k in range(64)) for t in (int, float)}  # scalar k of type t
+_ONE = shapes.ONE                                                         # out_spec: one tensor
+_cache_get = shapes.cache.get
+
+
+def _tref(i: int) -> tuple:
+    return _TREFS[i] if i < 256 else (TENSOR, i)
+
+
+def _sref(k: int, t: type) -> tuple:
+    refs = _SREFS.get(t)
+    return refs[k] if refs is not None and k < 64 else (SCALAR, k, t)
+
+
+def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
+    """Record `func(*full)` as an IR node and return lazy tensors for its outputs.
+
+    The hot path of every traced op: one pass over the arguments builds the node's operands,
+    template and runtime scalars and the shape-cache key; on a hit nothing else is computed
+    (no meta tensors, no lowering check).  Host tensors among the arguments are uploaded;
+    0-dim ones (wrapped numbers, `x * 2.0`) are cached device data and get no tensor of their
+    own unless shape inference or the eager fallback needs one."""
     operands: list[tuple[Node, int]] = []
+    metas: list[TensorMeta] = []   # the operands' metas: the shape-cache key
     template: list[Any] = []
     scalars: list[Any] = []
     ctx: DeviceContext | None = None
     uploads: list[tuple[int, int | None, torch.Tensor]] | None = None  # (template pos, list pos, tensor)
     wide = False  # an int scalar beyond int64: only eager takes it
-    kinds = info.kinds
-    for i, v in enumerate(full):
-        k = kinds[i]
-        if k == CONST:
-            tv = type(v)
-            if tv is list:
-                v = tuple(v)
-            elif tv is torch.device and v.type == "ltc" and ctx is None and info.is_factory:
-                ctx = arena.get(v)
-            template.append(v)
-        elif k == K_TENSOR or k == OPT_TENSOR:
+    is_factory = info.is_factory
+    for k, v in zip(info.kinds, full):
+        if k == K_TENSOR or k == OPT_TENSOR:
             if type(v) is LtcTensor:
                 c = v._ctx
                 if c is not ctx:
@@ -89,8 +104,10 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                         ctx = c
                     else:
                         raise _device_mismatch(ctx, c, info.name)
-                template.append((TENSOR, len(operands)))
-                operands.append(v._v)
+                o = v._v
+                template.append(_tref(len(operands)))
+                operands.append(o)
+                metas.append(o[0].outputs[o[1]])
             elif v is None:
                 template.append(None)
             elif isinstance(v, torch.Tensor):
@@ -100,20 +117,26 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                 uploads.append((len(template), None, v))
                 template.append(None)
             else:  # a Python number where the schema says Tensor: a wrapped number
-                if type(v) is int and not -_INT64 <= v < _INT64:
+                tv = type(v)
+                if tv is int and not -_INT64 <= v < _INT64:
                     wide = True
-                template.append((SCALAR, len(scalars), type(v)))
+                template.append(_sref(len(scalars), tv))
                 scalars.append(v)
+        elif k == CONST:
+            tv = type(v)
+            if tv is list:
+                v = tuple(v)
+            elif tv is torch.device and v.type == "ltc" and ctx is None and is_factory:
+                ctx = arena.get(v)
+            template.append(v)
         elif k == K_SCALAR:
             tv = type(v)
-            if info.is_factory or tv not in _SCALAR_TYPES:
-                if tv is int and not -_INT64 <= v < _INT64:
-                    wide = True
-                template.append(exact(v))  # factories: scalars can decide shapes (arange)
+            if tv is int and not -_INT64 <= v < _INT64:
+                wide = True
+            if is_factory or (tv is not int and tv is not float):  # bools stay constants:
+                template.append(exact(v))  # TorchScript has no bool Scalar; factories: scalars can decide shapes (arange)
             else:
-                if tv is int and not -_INT64 <= v < _INT64:
-                    wide = True
-                template.append((SCALAR, len(scalars), tv))
+                template.append(_sref(len(scalars), tv))
                 scalars.append(v)
         elif k == NUM_CONST:
             if _is_wide(v):
@@ -132,12 +155,14 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
                             ctx = c
                         else:
                             raise _device_mismatch(ctx, c, info.name)
+                    o = e._v
                     refs.append(len(operands))
-                    operands.append(e._v)
+                    operands.append(o)
+                    metas.append(o[0].outputs[o[1]])
                 elif e is None:
                     refs.append(None)
                 else:  # host tensors in index lists are allowed, as in eager CUDA
-                    if i not in info.index_lists:
+                    if len(template) not in info.index_lists:
                         raise _host_among_lazy(e, info)
                     uploads = uploads or []
                     uploads.append((len(template), j, e))
@@ -148,28 +173,38 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
             scalars.append(v)  # replaced by a seed below, once the device is known
     if ctx is None:
         ctx = arena.get(None)
+    uploaded: list[tuple[int, int | None, Any]] | None = None
     if uploads:
+        uploaded = []
         for pos, j, host in uploads:
-            t = upload(ctx, host)
+            if host.dim() == 0 and host.device.type != "ltc":
+                t: Any = scalar_node(ctx, host)   # a Node: a tensor only if `full` is needed
+                o = (t, 0)
+            else:
+                t = upload(ctx, host)
+                o = t._v
             ref = len(operands)
-            operands.append(t._v)
+            operands.append(o)
+            metas.append(o[0].outputs[o[1]])
             if j is None:
-                template[pos] = (TENSOR, ref)
+                template[pos] = _tref(ref)
             else:
                 refs = list(template[pos][1])
                 refs[j] = ref
                 template[pos] = (TENSOR_LIST, tuple(refs))
-            full = _replace_arg(full, pos, j, t)
+            uploaded.append((pos, j, t))
     if info.has_generator:
         for e in template:
             if type(e) is tuple and e and e[0] is RNG:
                 scalars[e[1]] = seed_from(ctx, scalars[e[1]])
     if wide:
-        return eager_fallback(func, info, full, ctx)
+        return eager_fallback(func, info, _with_uploads(full, uploaded, ctx), ctx)
     tpl = tuple(template)
-    skey = (info.qualname, tpl, tuple([n.outputs[i] for n, i in operands]))
-    res = shapes.cache.get(skey)
+    skey = (info.qualname, tpl, *metas)
+    res = _cache_get(skey)
     if res is None:
+        full = _with_uploads(full, uploaded, ctx)
+        uploaded = None
         res = shapes.FALLBACK if func in _LAYOUT_DEPENDENT or info.qualname in config.force_fallback \
             else shapes.infer(func, info, full)   # force_fallback: `ltc.debug.force_fallback`
         if res is not shapes.FALLBACK and not ctx.backend.can_lower(
@@ -177,23 +212,35 @@ def trace(func: Any, info: OpInfo, full: list) -> Any:
             res = shapes.FALLBACK
         shapes.remember(skey, res)
     if res is shapes.FALLBACK:
-        return eager_fallback(_LAYOUT_DEPENDENT.get(func, func), info, full, ctx)
-    metas, out_spec = res
+        return eager_fallback(_LAYOUT_DEPENDENT.get(func, func), info, _with_uploads(full, uploaded, ctx), ctx)
+    out_metas, out_spec = res
     if info.identity:  # values are immutable: the output is the input's value ...
         node, i = operands[0]
-        if node.outputs[i].stride == metas[0].stride:
-            return make_tensor(ctx, node, i, metas[0])
+        if node.outputs[i].stride == out_metas[0].stride:
+            return make_tensor(ctx, node, i, out_metas[0])
         # ... unless it has another layout (`contiguous()` of a transposed or expanded tensor):
         # kernels that read memory directly trust the layout they were promised
-    node = Node(func, tuple(operands), tpl, tuple(scalars), metas, out_spec,
-                origin=caller_location() if config.ir_debug else None, op_key=info.qualname)
-    if out_spec == (None,):
-        return make_tensor(ctx, node, 0, metas[0])
-    outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(metas)]
+    node = Node(func, tuple(operands), tpl, tuple(scalars), out_metas, out_spec, None,
+                caller_location() if config.ir_debug else None, info.qualname)
+    if out_spec is _ONE:
+        return make_tensor(ctx, node, 0, out_metas[0])
+    outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(out_metas)]
     return _unflatten(outs, out_spec)
 
 
-def _replace_arg(full: list, pos: int, j: int | None, t: LtcTensor) -> list:
+def _with_uploads(full: Sequence, uploaded: list | None, ctx: DeviceContext) -> Sequence:
+    """`full` with its host tensors replaced by their uploads (for shape inference and the
+    eager fallback)."""
+    if not uploaded:
+        return full
+    for pos, j, t in uploaded:
+        if type(t) is Node:
+            t = make_tensor(ctx, t, 0, t.outputs[0])
+        full = _replace_arg(full, pos, j, t)
+    return full
+
+
+def _replace_arg(full: Sequence, pos: int, j: int | None, t: LtcTensor) -> list:
     full = list(full)
     if j is None:
         full[pos] = t
@@ -217,3 +264,104 @@ def _unflatten(outs: list, out_spec: tuple) -> Any:
             res.append(outs[i:i + s])
             i += s
     return res[0] if len(res) == 1 else tuple(res)
+
+
+# -- per-overload plans --------------------------------------------------------------------------
+#
+# LTC generates a C++ lazy kernel per op; the Python equivalent of that specialization is a plan
+# per overload: `trace`'s argument loop unrolled for the overload's schema (no loop, no kind
+# tests, template entries built straight from the arguments), written once as source and
+# compiled with `exec`.  A plan handles the common case only -- lazy tensors (or 0-dim host
+# tensors, wrapped numbers) in tensor slots, Python numbers in Scalar slots, plain constants,
+# and a shape-cache hit that is not an eager fallback -- and builds exactly the node `trace`
+# builds; anything else (a device mismatch, a host tensor, a wide int, a first call) goes to
+# `trace`, which raises, uploads, infers or falls back as usual.  Ops with tensor lists,
+# generators, factories, identity ops and layout-dependent ops have no plan.
+
+_PLANNED = (K_TENSOR, OPT_TENSOR, CONST, K_SCALAR, NUM_CONST)
+_UP = object()   # a plan's template slot waiting for a 0-dim host tensor's upload
+
+
+def make_plan(func: Any, info: OpInfo) -> Any:
+    """The traced path of `func` as a function of its bound arguments (see above)."""
+    kinds = info.kinds
+    if (info.is_factory or info.identity or info.has_generator or func in _LAYOUT_DEPENDENT
+            or any(k not in _PLANNED for k in kinds)):
+        return lambda full: trace(func, info, full)
+    n = len(kinds)
+    args = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+    src = ["def plan(full):",
+           f"    if len(full) != {n}:",
+           "        return _trace(func, info, full)",
+           f"    {args} = full" if n else "    pass",
+           "    ctx = None",
+           "    ops = []",
+           "    ms = []",
+           "    sc = []"]
+    entries, tensor_slots = [], []
+    for i, k in enumerate(kinds):
+        a, e = f"a{i}", f"e{i}"
+        if k == K_TENSOR or k == OPT_TENSOR:
+            tensor_slots.append(i)
+            src += [f"    if type({a}) is LtcTensor:",
+                    f"        c = {a}._ctx",
+                    "        if c is not ctx:",
+                    "            if ctx is not None:",
+                    "                return _trace(func, info, full)",
+                    "            ctx = c",
+                    f"        o = {a}._v",
+                    f"        {e} = _TREFS[len(ops)]",
+                    "        ops.append(o)",
+                    "        ms.append(o[0].outputs[o[1]])"]
+            if k == OPT_TENSOR:
+                src += [f"    elif {a} is None:",
+                        f"        {e} = None"]
+            src += [f"    elif type({a}) is _Tensor and {a}.is_cpu and {a}.dim() == 0:",
+                    f"        {e} = _UP",
+                    "    else:",
+                    "        return _trace(func, info, full)"]
+        elif k == CONST:
+            src += [f"    {e} = tuple({a}) if type({a}) is list else {a}"]
+        elif k == NUM_CONST:
+            src += [f"    if _is_wide({a}):",
+                    "        return _trace(func, info, full)",
+                    f"    {e} = exact({a})"]
+        else:  # a Scalar: a runtime scalar, keyed by type (bools and complex numbers stay constants)
+            src += [f"    t = type({a})",
+                    f"    if t is float or (t is int and -_INT64 <= {a} < _INT64):",
+                    f"        {e} = _SREFS[t][len(sc)] if len(sc) < 64 else (SCALAR, len(sc), t)",
+                    f"        sc.append({a})",
+                    "    elif t is int:",
+                    "        return _trace(func, info, full)",
+                    "    else:",
+                    f"        {e} = exact({a})"]
+        entries.append(e)
+    src += ["    if ctx is None:",
+            "        return _trace(func, info, full)"]
+    for i in tensor_slots:  # uploads come after the other operands, in argument order, as in trace
+        src += [f"    if e{i} is _UP:",
+                f"        node = scalar_node(ctx, a{i})",
+                "        ops.append((node, 0))",
+                "        ms.append(node.outputs[0])",
+                f"        e{i} = _TREFS[len(ops) - 1]"]
+    src += [f"    tpl = ({', '.join(entries)}{',' if n == 1 else ''})",
+            "    res = _cache_get((qualname, tpl, *ms))",
+            "    if res is None or res is FALLBACK:",
+            "        return _trace(func, info, full)",
+            "    om, spec = res",
+            "    node = Node(func, tuple(ops), tpl, tuple(sc), om, spec, None,",
+            "                caller_location() if config.ir_debug else None, qualname)",
+            "    if spec is _ONE:",
+            "        return make_tensor(ctx, node, 0, om[0])",
+            "    return _unflatten([make_tensor(ctx, node, i, m) for i, m in enumerate(om)], spec)"]
+    if len(kinds) > 200:  # operand references are prebuilt for 256 operands
+        return lambda full: trace(func, info, full)
+    namespace = dict(func=func, info=info, qualname=info.qualname, _trace=trace, LtcTensor=LtcTensor,
+                     _Tensor=torch.Tensor, _TREFS=_TREFS, _SREFS=_SREFS, SCALAR=SCALAR, _UP=_UP,
+                     _INT64=_INT64, _is_wide=_is_wide, exact=exact, scalar_node=scalar_node,
+                     _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
+                     make_tensor=make_tensor, _unflatten=_unflatten, config=config,
+                     caller_location=caller_location)
+    # named as a file of this package, so that `caller_location` looks past it to the user's line
+    exec(compile("\n".join(src), f"{__file__}<plan {info.qualname}>", "exec"), namespace)
+    return namespace["plan"]
