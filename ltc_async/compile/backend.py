@@ -34,6 +34,7 @@ import torch
 
 from .capture import GraphFunction
 from .split import SplitGraphFunction, split_host
+from .vectorize import vectorize_scalar_foreach
 
 
 def _graph_compiler(label: str) -> Any:
@@ -41,6 +42,7 @@ def _graph_compiler(label: str) -> Any:
         split = split_host(gm)      # CPU tensors among the inputs (an optimizer's step counts)
         if split is not None:
             return SplitGraphFunction(split, label)
+        vectorize_scalar_foreach(gm)    # an optimizer's per-parameter scalars: one op each
         return GraphFunction(gm, label, _saved_from() if label == "fw" else None)
     return compile_graph
 

@@ -30,6 +30,7 @@ from .. import metrics
 from ..tensor.host import upload
 from ..tensor.lazy_tensor import LtcTensor, unwrap
 from .capture import GraphFunction
+from .vectorize import vectorize_scalar_foreach
 
 _select = torch.ops.aten.select.int
 _stack = torch.ops.aten.stack.default
@@ -127,6 +128,7 @@ def split_host(gm: fx.GraphModule) -> HostSplit | None:
     for n in nodes:
         if n.op == "placeholder":
             env[n] = hg.placeholder(n.name)
+            env[n].meta["val"] = n.meta.get("val")
         elif n in host and n.op != "placeholder":
             env[n] = hg.node_copy(n, lambda a: env[a])
     packed = [hg.call_function(_stack, ([env[b] for b in groups[dt]],)) for dt in dtypes]
@@ -142,8 +144,10 @@ def split_host(gm: fx.GraphModule) -> HostSplit | None:
             device_args.append(i)
     for dt in dtypes:
         p = dg.placeholder(f"host_values_{str(dt).replace('torch.', '')}")
+        p.meta["val"] = torch.empty(len(groups[dt]), dtype=dt, device="meta")
         for k, b in enumerate(groups[dt]):
             denv[b] = dg.call_function(_select, (p, 0, k))
+            denv[b].meta["val"] = b.meta["val"]
     for n in nodes:
         if n.op in ("placeholder", "output") or n in host:
             continue
@@ -157,7 +161,10 @@ def split_host(gm: fx.GraphModule) -> HostSplit | None:
             outputs.append(("device", len(dev_outs)))
             dev_outs.append(denv[a] if isinstance(a, fx.Node) else a)
     dg.output(tuple(dev_outs))
-    return HostSplit(fx.GraphModule(gm, hg), fx.GraphModule(gm, dg), device_args, dtypes, outputs)
+    host_gm, device_gm = fx.GraphModule(gm, hg), fx.GraphModule(gm, dg)
+    vectorize_scalar_foreach(host_gm)
+    vectorize_scalar_foreach(device_gm)
+    return HostSplit(host_gm, device_gm, device_args, dtypes, outputs)
 
 
 class SplitGraphFunction:
