@@ -5,7 +5,7 @@ and Inductor (`torch.compile` default backend), in one process.
 Cases (select with --only, repeatable; default: all):
   mlp   64-256-256-10, batch 64, cross entropy, SGD(lr=0.01, momentum=0.9) (bench_lazy's case)
   gpt2  tiny GPT-2 from a transformers config (2 layers, width 64, 4 heads, vocab 128),
-        batch 2 x 16 tokens, LM loss, AdamW(lr=1e-3)
+        batch 2 x 16 tokens, LM loss, AdamW(lr=1e-3) (--optimizer sgd: SGD with momentum)
   bert  tiny BERT for sequence classification (2 layers, width 64), batch 2 x 16, AdamW
 
 Engines:
@@ -69,6 +69,9 @@ def _mlp_case() -> tuple[Callable[[], nn.Module], Callable[[], dict], Callable, 
     return build, batch, loss, opt
 
 
+OPTIMIZER = "adamw"   # --optimizer: what the transformer cases train with
+
+
 def _transformers_case(name: str) -> tuple:
     import transformers
     transformers.logging.set_verbosity_error()
@@ -93,6 +96,8 @@ def _transformers_case(name: str) -> tuple:
         return model(**b).loss
 
     def opt(params: Any) -> torch.optim.Optimizer:
+        if OPTIMIZER == "sgd":
+            return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
         return torch.optim.AdamW(params, lr=1e-3)
     return build, batch, loss, opt
 
@@ -179,11 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                   help="the transformer cases' optimizer (the MLP always uses SGD with momentum)")
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval(s) first (CPython's default: 0.005)")
     args = p.parse_args(argv)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
+    global OPTIMIZER
+    OPTIMIZER = args.optimizer
     engines = args.engine or [e for e in ENGINES if e != "inductor+opt" or args.inductor_opt]
     torch.set_num_threads(arena.get("ltc:0").threads)   # eager and Inductor: the worker's threads
     results = {name: run_case(name, engines, args.rounds, args.steps, args.warmup)

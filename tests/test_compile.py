@@ -165,6 +165,22 @@ def test_adamw_step_with_host_step_counts(metrics, capturable):
         assert _count("CompiledGraphHostSplit") == 4
 
 
+def test_scalar_foreach_lists_vectorized():
+    # an optimizer's per-parameter scalars (lists of 0-dim tensors) run as one op per foreach
+    def f(steps, x):
+        bc = torch._foreach_sub(torch._foreach_pow(0.9, steps), 1)
+        root = torch._foreach_sqrt(torch._foreach_neg(bc))
+        return [x * r for r in root]
+    steps = [torch.tensor(float(k + 1)) for k in range(5)]
+    x = torch.randn(3)
+    out = torch.compile(f, backend="ltc")([s.to("ltc:0") for s in steps], x.to("ltc:0"))
+    names = [n.name for n in unwrap(out[0])._v[0].op.ops]     # the captured body, still pending
+    for a, b in zip(out, f(steps, x)):
+        torch.testing.assert_close(a.cpu(), b)
+    assert not any("_foreach" in n for n in names), names
+    assert any(n.startswith("aten::pow") for n in names), names
+
+
 def test_batchnorm_running_stats(metrics):
     def build():
         torch.manual_seed(0)
