@@ -81,7 +81,11 @@ def _transformers_case(name: str) -> tuple:
         if name == "gpt2":
             cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-            return transformers.GPT2LMHeadModel(cfg)
+            model = transformers.GPT2LMHeadModel(cfg)
+            # named: transformers otherwise logs a warning inside forward, a graph break for
+            # every torch.compile backend
+            model.loss_type = "ForCausalLM"
+            return model
         cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                       intermediate_size=128, vocab_size=128, num_labels=3,
                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
