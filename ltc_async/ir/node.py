@@ -96,7 +96,7 @@ class Node:
 
     def __init__(self, op: Any, operands: tuple, template: tuple, scalars: tuple,
                  outputs: tuple[TensorMeta, ...], out_spec: tuple, data: Any = None,
-                 origin: str | None = None, op_key: str | None = None) -> None:
+                 origin: str | None = None, op_key: str | None = None, key: tuple | None = None) -> None:
         self.op = op                # torch._ops.OpOverload, or DEVICE_DATA
         self.operands = operands    # tuple of (Node, output_index)
         self.template = template    # one entry per schema argument, see module docstring
@@ -106,7 +106,11 @@ class Node:
         # The key is what makes two nodes interchangeable in a compiled graph.  Device data is
         # keyed by shape/dtype only, so new parameter values reuse the compiled graph.
         # (`op_key`, the op's qualified name, hashes faster than the OpOverload itself.)
-        if op is DEVICE_DATA:
+        # (`key`, when given, is that `(op_key, template)` pair made once and shared by every
+        # node of the signature: the tracer keeps it with the shape-cache entry.)
+        if key is not None:
+            self.key = key
+        elif op is DEVICE_DATA:
             self.key = (op, outputs)
         else:
             self.key = (op_key or _op_key(op), template)

@@ -28,6 +28,8 @@ class LtcTensor(torch.Tensor):
     while `mark_step` swaps it for device data; `_m` is the (fixed) shape/stride/dtype.
     """
 
+    # slots, not a __dict__: one object less for the garbage collector per traced op
+    __slots__ = ("_v", "_m", "_ctx", "_id")
     _v: tuple[Node, int]
     _m: TensorMeta
     _ctx: Any

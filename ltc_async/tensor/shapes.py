@@ -26,7 +26,9 @@ from .lazy_tensor import LtcTensor
 
 FALLBACK = "fallback"                  # shape-cache value: run this signature eagerly
 ONE = (None,)                          # the out_spec of one tensor output (compared by identity)
-cache: dict[tuple, Any] = {}           # (op, template, input metas) -> (metas, out_spec) | FALLBACK
+# (op, template, *input metas) -> (output metas, out_spec, node key) | FALLBACK, where the node
+# key `(op, template)` is made once and shared by the nodes of the signature (see `trace.py`)
+cache: dict[tuple, Any] = {}
 _CACHE_MAX = 1 << 16
 _META = torch.device("meta")
 _COPY = torch.ops.aten.copy.default

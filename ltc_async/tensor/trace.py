@@ -207,21 +207,24 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
         uploaded = None
         res = shapes.FALLBACK if func in _LAYOUT_DEPENDENT or info.qualname in config.force_fallback \
             else shapes.infer(func, info, full)   # force_fallback: `ltc.debug.force_fallback`
-        if res is not shapes.FALLBACK and not ctx.backend.can_lower(
-                Node(func, tuple(operands), tpl, tuple(scalars), res[0], res[1], op_key=info.qualname)):
-            res = shapes.FALLBACK
+        if res is not shapes.FALLBACK:
+            # the entry keeps the node key (op, template), shared by every node of the signature
+            res = (res[0], res[1], (info.qualname, tpl))
+            if not ctx.backend.can_lower(Node(func, tuple(operands), tpl, tuple(scalars), res[0],
+                                              res[1], op_key=info.qualname)):
+                res = shapes.FALLBACK
         shapes.remember(skey, res)
     if res is shapes.FALLBACK:
         return eager_fallback(_LAYOUT_DEPENDENT.get(func, func), info, _with_uploads(full, uploaded, ctx), ctx)
-    out_metas, out_spec = res
+    out_metas, out_spec, nkey = res
     if info.identity:  # values are immutable: the output is the input's value ...
         node, i = operands[0]
         if node.outputs[i].stride == out_metas[0].stride:
             return make_tensor(ctx, node, i, out_metas[0])
         # ... unless it has another layout (`contiguous()` of a transposed or expanded tensor):
         # kernels that read memory directly trust the layout they were promised
-    node = Node(func, tuple(operands), tpl, tuple(scalars), out_metas, out_spec, None,
-                caller_location() if config.ir_debug else None, info.qualname)
+    node = Node(func, tuple(operands), nkey[1], tuple(scalars), out_metas, out_spec, None,
+                caller_location() if config.ir_debug else None, info.qualname, nkey)
     if out_spec is _ONE:
         return make_tensor(ctx, node, 0, out_metas[0])
     outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(out_metas)]
@@ -348,9 +351,9 @@ def make_plan(func: Any, info: OpInfo) -> Any:
             "    res = _cache_get((qualname, tpl, *ms))",
             "    if res is None or res is FALLBACK:",
             "        return _trace(func, info, full)",
-            "    om, spec = res",
-            "    node = Node(func, tuple(ops), tpl, tuple(sc), om, spec, None,",
-            "                caller_location() if config.ir_debug else None, qualname)",
+            "    om, spec, key = res",
+            "    node = Node(func, tuple(ops), key[1], tuple(sc), om, spec, None,",
+            "                caller_location() if config.ir_debug else None, qualname, key)",
             "    if spec is _ONE:",
             "        return make_tensor(ctx, node, 0, om[0])",
             "    return _unflatten([make_tensor(ctx, node, i, m) for i, m in enumerate(om)], spec)"]
