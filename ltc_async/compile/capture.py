@@ -53,6 +53,7 @@ _replace = torch._functionalize_replace
 _commit = torch._functionalize_commit_update
 _set = torch.ops.aten.set_.source_Tensor
 _use_count = torch._C._storage_Use_Count
+_view_chain = torch._C._functionalization.get_view_meta_sequence
 _bump_versions = torch._C._increment_version   # takes a list of tensors
 
 # Counters that mean the capture run did something other than trace the graph's ops.
@@ -293,8 +294,8 @@ def _apply_mutations(ctx: Any, node: Node | None, args: list, mutations: tuple) 
             if not _is_functional(a):
                 ctx.rebind(a, new._v)
                 bump.append(a)
-            elif _use_count(a.untyped_storage()._cdata) == 2:
-                _set(a, _wrap(new))
+            elif _view_chain(a) and _use_count(a.untyped_storage()._cdata) == 2:
+                _set(a, _wrap(new))      # a view no alias shares: make it a base (see above)
             else:
                 _replace(a, new)
                 _commit(a)
