@@ -313,6 +313,25 @@ def test_two_devices(metrics):
     torch.testing.assert_close(moved.cpu(), (e * 2 + e).relu())
 
 
+def test_threads_share_a_compiled_function():
+    from conftest import run_in_threads
+    f = torch.compile(lambda x, w: (x @ w).relu().sum(0), backend="ltc")
+    w = torch.randn(6, 6)
+    results: dict = {}
+
+    def work(device: str, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        wl = w.to(device)
+        for _ in range(5):
+            x = torch.randn(4, 6, generator=g)
+            results.setdefault(device + str(seed), []).append((f(x.to(device), wl), (x @ w).relu().sum(0)))
+            ltc.mark_step([device])
+    run_in_threads(work, [("ltc:0", 1), ("ltc:1", 2), ("ltc:0", 3)], timeout=300)
+    for pairs in results.values():
+        for lazy, eager in pairs:
+            torch.testing.assert_close(lazy.cpu(), eager)
+
+
 def test_mark_step_semantics(metrics):
     cm = torch.compile(_mlp().to("ltc:0"), backend="ltc")
     x = torch.randn(6, 8).to("ltc:0")

@@ -34,6 +34,7 @@ placeholders: an eager fallback, a host read, a transfer, an exception.  Counter
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -58,6 +59,8 @@ _bump_versions = torch._C._increment_version   # takes a list of tensors
 
 # Counters that mean the capture run did something other than trace the graph's ops.
 _IMPURE = ("EagerFallback", "DataDependentSync", "HostMutation", "TransferToDevice", "TensorToHost")
+
+_capture_lock = threading.RLock()   # one capture at a time (it saves and restores RNG state)
 
 _ARG, _OUT, _NONE, _CONST, _BARE = 0, 1, 2, 3, 4   # how a graph output is produced (Capture.outs)
 
@@ -102,8 +105,8 @@ class GraphFunction:
         # they skip functionalization's wrapper (and the backward skips unwrapping them)
         self.bare_from = bare_from
         self._captures: dict[Any, Capture | _Replay] = {}
-        self._last_key: Any = None
-        self._last: Capture | _Replay | None = None
+        self._last: tuple[Any, Capture | _Replay] | None = None   # (key, capture), one object:
+        # threads calling the same compiled function never pair one's key with another's capture
 
     def __call__(self, args: list) -> list:
         inner: list[LtcTensor] = []     # the LtcTensor of each tensor argument, in order
@@ -126,10 +129,12 @@ class GraphFunction:
             else:
                 others.append(a)
         key = (ctx, tuple([t._m for t in inner]), tuple(others))
-        cap = self._last if key == self._last_key else self._captures.get(key)
+        last = self._last
+        cap = last[1] if last is not None and last[0] == key else self._captures.get(key)
         if cap is None:
-            cap = self._capture(args, inner, ctx, key)
-        self._last_key, self._last = key, cap
+            with _capture_lock:
+                cap = self._captures.get(key) or self._capture(args, inner, ctx, key)
+        self._last = (key, cap)
         if type(cap) is _Replay:
             metrics.counter("CompiledGraphReplay")
             return list(self.gm(*args))
@@ -167,10 +172,15 @@ class GraphFunction:
         return list(self.gm(*args))
 
     def _capture(self, args: list, inner: list[LtcTensor], ctx: Any, key: Any) -> Capture | _Replay:
+        placeholders: list[Node] = []
         try:
-            cap: Capture | _Replay = self._record(args, inner, ctx)
+            cap: Capture | _Replay = self._record(args, inner, ctx, placeholders)
         except Exception as e:  # noqa: BLE001 - the real run (replay) raises what applies
             cap = _Replay(f"capture_raised:{type(e).__name__}")
+        # the recording's tensors are gone with `_record`'s frame: a body keeps its leaves'
+        # structure, not their placeholder values
+        for node in placeholders:
+            node.data = None
         if type(cap) is _Replay:
             metrics.counter("CompiledGraphReplay::" + cap.reason)
         else:
@@ -178,7 +188,8 @@ class GraphFunction:
         self._captures[key] = cap
         return cap
 
-    def _record(self, args: list, inner: list[LtcTensor], ctx: Any) -> Capture | _Replay:
+    def _record(self, args: list, inner: list[LtcTensor], ctx: Any,
+                placeholder_nodes: list[Node]) -> Capture | _Replay:
         """Trace the graph once on placeholders (see the module note)."""
         if ctx is None:
             return _Replay("no_ltc_tensor")
@@ -189,9 +200,10 @@ class GraphFunction:
         for j, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 m = inner[k]._m
-                node = make_data_node(BackendData(ctx, m, value=_zeros(m, ctx.backend_device)), m)
+                node = make_data_node(BackendData(ctx, m, value=_placeholder_value(m, ctx.backend_device)), m)
                 placeholders[id(node)] = j
                 ph_nodes[j] = node
+                placeholder_nodes.append(node)
                 ph_args.append(wrap(make_tensor(ctx, node, 0, m)))
                 k += 1
             else:
@@ -311,7 +323,10 @@ def _inner(a: torch.Tensor) -> LtcTensor:
     return a
 
 
-def _zeros(m: TensorMeta, device: torch.device) -> torch.Tensor:
-    """A placeholder value with exactly the layout `m` (strides may overlap: expanded)."""
+def _placeholder_value(m: TensorMeta, device: torch.device) -> torch.Tensor:
+    """A placeholder's value, with exactly the layout `m` (strides may overlap: expanded).
+    Never read when the capture succeeds; if a host read during the capture runs it anyway,
+    integer tensors hold zeros (valid indices), floating ones are left uninitialized."""
     size = 1 + sum((s - 1) * st for s, st in zip(m.shape, m.stride)) if all(m.shape) else 0
-    return torch.zeros(size, dtype=m.dtype, device=device).as_strided(m.shape, m.stride)
+    make = torch.empty if m.dtype.is_floating_point or m.dtype.is_complex else torch.zeros
+    return make(size, dtype=m.dtype, device=device).as_strided(m.shape, m.stride)
