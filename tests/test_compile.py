@@ -15,6 +15,7 @@ from torch import nn
 import ltc_async as ltc
 from ltc_async.executor import arena
 from ltc_async.executor.interpreter import Interpreter
+from ltc_async.ir.lint import lint
 from ltc_async.ir.node import DEVICE_DATA, post_order
 from ltc_async.tensor.lazy_tensor import unwrap
 
@@ -60,6 +61,7 @@ def test_function_one_node_per_call(metrics):
     # the pending IR of the output: its inputs and ONE node standing for the whole graph
     order = post_order([unwrap(out)._v[0]])
     assert [n.op is DEVICE_DATA for n in order].count(False) == 1
+    lint([unwrap(out)._v])                          # the IR invariants hold for that node too
     assert _count("CompiledGraphCapture") == 1
     assert _count("CompiledGraphCall") == 4
     assert _count("CompiledGraphReplay") == 0

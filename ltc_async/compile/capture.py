@@ -143,7 +143,8 @@ class GraphFunction:
         op = cap.op
         if op is not None:
             operands = tuple([inner[k]._v for k in cap.formals]) + cap.consts
-            node = Node(op, operands, (), op.call_scalars(ctx), op.outputs, op.out_spec, op_key=op.key)
+            node = Node(op, operands, op.template, op.call_scalars(ctx), op.outputs, op.out_spec,
+                        key=op.node_key)
         out: list[Any] = []
         for o in cap.outs:
             kind = o[0]

@@ -6,8 +6,9 @@ Every call of the compiled graph records one `Node(subgraph, operands, (), scala
 
 * operands: the values bound to the body's leaves, in `leaves` order (the call's tensor
   arguments the body reads, then constants the body captured, e.g. 0-dim uploads);
-* template: empty; the node key is `(subgraph.key, ())`, unique per body, so the executor's
-  graph key (and its compile cache) treats the whole body as one op;
+* template: one `(TENSOR, i)` per operand, then one entry per scalar (for `ir.lint` and IR
+  dumps); the node key is `(subgraph.key, ())`, unique per body, so the executor's graph key
+  (and its compile cache) treats the whole body as one op;
 * scalars: the body's runtime scalars, body post-order, template order within a node (what
   `Backend.compile` expects of consecutive nodes), random seeds drawn afresh at each call;
 * outputs: one per body root.
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..ir.node import RNG, Node, Tag, TensorMeta
+from ..ir.node import RNG, SCALAR, TENSOR, Node, Tag, TensorMeta
 
 _ids = itertools.count(1)
 
@@ -51,6 +52,12 @@ class Subgraph:
                     rng.append(base + e[1])
         self.scalars = tuple(scalars)         # the values recorded (seeds replaced per call)
         self.rng_slots = tuple(rng)
+        # A node's template names its operands and scalars (what `ir.lint` checks and
+        # `debug.dump_ir` prints).  The key stays `(key, ())`: the template is a function of
+        # the body, and hashing it at every step would only cost time.
+        self.template = tuple((TENSOR, i) for i in range(len(leaves))) + tuple(
+            (RNG, k) if k in rng else (SCALAR, k, type(v)) for k, v in enumerate(scalars))
+        self.node_key = (self.key, ())
         self._interpreters: dict[torch.device, Any] = {}
 
     def name(self) -> str:
