@@ -225,7 +225,9 @@ def _write(targets: list, inner: list[LtcTensor], outs: list) -> None:
     parameter write.  A target that is a view no other tensor shares (its storage's use count
     is 1, plus the probe) and whose new value has its layout instead takes a fresh storage
     holding that value (functionalization's own `set_`, which bumps the version): it is then a
-    base, whose later writes and reads replay nothing."""
+    base, whose later writes and reads replay nothing.  (The use count is read on the writing
+    thread: another thread taking a view of the same tensor at that moment races with the
+    write itself, as it would in eager code.)"""
     bump = []
     for t, i, o in zip(targets, inner, outs):
         if not _is_base(t) and o._m == i._m and _use_count(t.untyped_storage()._cdata) == 2:

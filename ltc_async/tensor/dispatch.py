@@ -14,6 +14,15 @@ op's schema once (`ir/schema.py`) and routes every call by what the schema says:
 The module layout follows the pipeline: `dispatch` -> `trace` (+ `shapes`) / `host` /
 `special`; nothing here reaches past the executor.  Errors raise on the spot, also inside a
 backward pass (`registration._LtcDeviceGuard` keeps the engine from aborting on them).
+
+The per-op path (every traced op pays it; see "Per-op path profile" in benchmarks/README.md):
+the route of an overload, and for traced ops its plan (`trace.make_plan`), are decided on its
+first call and kept by `id(op)`; `torch_dispatch` is `LtcTensor.__torch_dispatch__` itself (no
+extra frame); binding without kwargs appends the schema's precomputed default tail.  Thread
+safety: `_routes`, the plans, the shape cache and the other per-signature caches of this
+package are plain dicts read and filled by every tracing thread without a lock.  Each holds
+values computed only from its key (immutable once stored), single dict operations are atomic
+under the GIL, and a racing miss computes an equal value twice and keeps one.
 """
 from __future__ import annotations
 

@@ -11,6 +11,9 @@ Design note.  `trace()` binds a call to its schema (see `ir/schema.py`) and buil
 4. outputs become lazy tensors naming the node; identity ops name their input's value when
    the layout stays the same.
 
+On a shape-cache hit, the common case, a per-overload plan (the end of this module) does steps
+1 and 4 straight from the arguments; everything else comes here.
+
 Invariant: a lazy tensor's strides (its `TensorMeta`) are the strides its value has when the
 graph runs.  Eager kernels such as `native_group_norm_backward` read raw memory and rely on
 callers' `.contiguous()`; a tensor claiming a layout its value lacks gives garbage there.
