@@ -89,3 +89,52 @@ def test_inplace_result_type_check_is_cached_per_signature():
             x.mul_(1.5)
     assert x.cpu().tolist() == [3, 3, 3]
     ltc.mark_step()
+
+
+def _node_summary(t):
+    from ltc_async.tensor.lazy_tensor import unwrap
+    node, idx = unwrap(t)._v
+    return (node.key, node.template, node.scalars, [(o.key, i) for o, i in node.operands],
+            node.outputs, node.out_spec, idx)
+
+
+@pytest.mark.parametrize("case", ["add_alpha", "mul_scalar", "wrapped_number", "layer_norm",
+                                  "view", "clamp", "sum_dim", "addmm", "where", "int_pow"])
+def test_plans_build_the_node_the_generic_trace_builds(case):
+    """Per-overload plans (trace.make_plan) and `trace` must make identical nodes."""
+    from ltc_async.tensor import dispatch as d
+    from ltc_async.tensor import trace as tr
+
+    def program():
+        x = torch.arange(12.).reshape(3, 4).to("ltc:0")
+        w = torch.ones(4).to("ltc:0")
+        i = torch.arange(12).reshape(3, 4).to("ltc:0")
+        return {
+            "add_alpha": lambda: torch.add(x, x, alpha=2.5),
+            "mul_scalar": lambda: x.mul(3),
+            "wrapped_number": lambda: x * torch.tensor(2.0),
+            "layer_norm": lambda: torch.nn.functional.layer_norm(x, (4,), w, None, 1e-3),
+            "view": lambda: x.view(4, 3),
+            "clamp": lambda: x.clamp(min=0.5, max=7),
+            "sum_dim": lambda: x.sum(dim=1, keepdim=True),
+            "addmm": lambda: torch.addmm(w[:3], x, x.t().contiguous(), beta=0.5),
+            "where": lambda: torch.where(x > 3, x, w),
+            "int_pow": lambda: i.pow(2),
+        }[case]()
+
+    first = program()          # fills the shape cache
+    planned = program()        # a shape-cache hit: the plan builds the node
+    saved = dict(d._routes)
+    d._routes.clear()
+    original = tr.make_plan
+    tr_generic = tr._generic_plan
+    d.make_plan = tr_generic   # every traced op through `trace` itself
+    try:
+        generic = program()
+    finally:
+        d.make_plan = original
+        d._routes.clear()
+        d._routes.update(saved)
+    assert _node_summary(planned) == _node_summary(generic)
+    torch.testing.assert_close(planned.cpu(), first.cpu())
+    ltc.mark_step()

@@ -16,9 +16,9 @@ The module layout follows the pipeline: `dispatch` -> `trace` (+ `shapes`) / `ho
 backward pass (`registration._LtcDeviceGuard` keeps the engine from aborting on them).
 
 The per-op path (every traced op pays it; see "Per-op path profile" in benchmarks/README.md):
-the route of an overload, and for traced ops its plan (`trace.make_plan`), are decided on its
-first call and kept by `id(op)`; `torch_dispatch` is `LtcTensor.__torch_dispatch__` itself (no
-extra frame); binding without kwargs appends the schema's precomputed default tail.  Thread
+the route of an overload -- for traced ops its plan (`trace.make_plan`), which also counts the
+call and binds the arguments -- is decided on its first call and kept by `id(op)`;
+`torch_dispatch` is `LtcTensor.__torch_dispatch__` itself (no extra frame).  Thread
 safety: `_routes`, the plans, the shape cache and the other per-signature caches of this
 package are plain dicts read and filled by every tracing thread without a lock.  Each holds
 values computed only from its key (immutable once stored), single dict operations are atomic
@@ -27,7 +27,7 @@ under the GIL, and a racing miss computes an equal value twice and keeps one.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -39,64 +39,58 @@ from .host import host_op, mutating_host_op
 from .special import SPECIAL
 from .trace import make_plan, trace
 
-# How each op overload is handled, decided once per overload (by id: OpOverload.__hash__ is slow
-# Python code): a special handler or decomposition, the generic trace, or a host path.
-_TRACE, _HANDLER, _COLLECTIVE, _MUTATING, _HOST, _SEEDED = range(6)
-_routes: dict[int, tuple[int, Any, OpInfo]] = {}   # id(op) -> (route, handler, OpInfo)
-_counters = metrics._counters
+# How each op overload is handled, decided on its first call and kept by id (OpOverload.__hash__
+# is slow Python code): a function of (args, kwargs) -- the traced path unrolled for this op
+# (`trace.make_plan`), a special handler or decomposition, or a host path.
+_routes: dict[int, Callable[[tuple, dict | None], Any]] = {}
 
 
-def _route(func: torch._ops.OpOverload) -> tuple[int, Any, OpInfo]:
+def _route(func: torch._ops.OpOverload) -> Callable[[tuple, dict | None], Any]:
     info = op_info(func)
     handler = SPECIAL.get(func) or DECOMPOSITIONS.get(func)
     if handler is not None:
-        route = _HANDLER
+        def route(args: tuple, kwargs: dict | None) -> Any:
+            return handler(func, args, kwargs or {})
     elif info.is_inplace_or_out:
-        route = _COLLECTIVE if info.qualname.startswith("c10d::") else _MUTATING
+        collective = info.qualname.startswith("c10d::")
+
+        def route(args: tuple, kwargs: dict | None) -> Any:
+            metrics.counter(info.counter)
+            if collective:   # torch.distributed: queued on the device
+                out = collectives.queue(func, info, args, kwargs or {})
+                if out is not NotImplemented:
+                    return out
+            return mutating_host_op(func, info, args, kwargs or {})
     elif not info.returns_only_tensors:
-        route = _HOST
+        def route(args: tuple, kwargs: dict | None) -> Any:
+            metrics.counter(info.counter)
+            return host_op(func, info, args, kwargs or {})
     elif info.seeded and not info.has_generator:
-        route = _SEEDED
+        def route(args: tuple, kwargs: dict | None) -> Any:
+            metrics.counter(info.counter)
+            return _seeded(func, info, info.bind(args, kwargs))
     else:
-        route, handler = _TRACE, make_plan(func, info)   # the traced path, unrolled for this op
-    entry = _routes[id(func)] = (route, handler, info)  # a racing thread stores an equal entry
-    return entry
+        route = make_plan(func, info)   # the traced path, unrolled for this op
+    _routes[id(func)] = route   # a racing thread stores an equivalent route
+    return route
 
 
 def torch_dispatch(cls: Any, func: torch._ops.OpOverload, types: Any, args: tuple = (),
                    kwargs: dict | None = None) -> Any:
     """`LtcTensor.__torch_dispatch__`: every aten call on lazy tensors."""
-    entry = _routes.get(id(func))
-    route, handler, info = entry if entry is not None else _route(func)
-    if route == _TRACE:
-        c = info.counter
-        _counters[c] = _counters.get(c, 0) + 1
-        if kwargs:
-            return handler(info.bind(args, kwargs))
-        n = len(args)
-        if n == info.n_args:
-            return handler(args)
-        tail = info.default_tails[n] if n < info.n_args else None
-        return handler(args + tail if tail is not None else info.bind(args, kwargs))
-    if route == _HANDLER:
-        return handler(func, args, kwargs or {})
-    metrics.counter(info.counter)
-    if route == _COLLECTIVE:   # torch.distributed: queued on the device
-        out = collectives.queue(func, info, args, kwargs or {})
-        if out is not NotImplemented:
-            return out
-        return mutating_host_op(func, info, args, kwargs or {})
-    if route == _MUTATING:
-        return mutating_host_op(func, info, args, kwargs or {})
-    if route == _HOST:
-        return host_op(func, info, args, kwargs or {})
-    return _seeded(func, info, info.bind(args, kwargs))
+    route = _routes.get(id(func))
+    if route is None:
+        route = _route(func)
+    return route(args, kwargs)
 
 
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
     """The op path for `func(*args, **kwargs)` on inner lazy tensors (also called directly by
     handlers and the PrivateUse1 fallback, skipping the dispatcher)."""
-    return torch_dispatch(None, func, None, args if type(args) is tuple else tuple(args), kwargs)
+    route = _routes.get(id(func))
+    if route is None:
+        route = _route(func)
+    return route(args if type(args) is tuple else tuple(args), kwargs)
 
 
 def _seeded(func: Any, info: OpInfo, full: list) -> Any:

@@ -32,6 +32,7 @@ from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
 from ..ir.schema import SCALAR as K_SCALAR
 from ..ir.schema import TENSOR as K_TENSOR
 from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
+from .. import metrics
 from . import shapes
 from .host import eager_fallback, scalar_node, seed_from, upload
 from .lazy_tensor import LtcTensor, make_tensor
@@ -71,6 +72,7 @@ _TREFS = tuple((TENSOR, i) for i in range(256))                          # opera
 _SREFS = {t: tuple((SCALAR, k, t) for k in range(64)) for t in (int, float)}  # scalar k of type t
 _ONE = shapes.ONE                                                         # out_spec: one tensor
 _cache_get = shapes.cache.get
+_counters = metrics._counters
 
 
 def _tref(i: int) -> tuple:
@@ -288,22 +290,55 @@ _PLANNED = (K_TENSOR, OPT_TENSOR, CONST, K_SCALAR, NUM_CONST)
 _UP = object()   # a plan's template slot waiting for a 0-dim host tensor's upload
 
 
+def _generic_plan(func: Any, info: OpInfo) -> Any:
+    """The traced path without a plan: count, bind, `trace`."""
+    counter, n_args, tails, bind = info.counter, info.n_args, info.default_tails, info.bind
+
+    def generic(args: tuple, kwargs: dict | None) -> Any:
+        _counters[counter] = _counters.get(counter, 0) + 1
+        n = len(args)
+        if kwargs or n > n_args or (n < n_args and tails[n] is None):
+            return trace(func, info, bind(args, kwargs))
+        return trace(func, info, args if n == n_args else args + tails[n])
+    return generic
+
+
 def make_plan(func: Any, info: OpInfo) -> Any:
-    """The traced path of `func` as a function of its bound arguments (see above)."""
+    """The traced path of `func` as a function of its `(args, kwargs)` (see above): counts the
+    call, binds the arguments to the schema and builds the node."""
     kinds = info.kinds
-    if (info.is_factory or info.identity or info.has_generator or func in _LAYOUT_DEPENDENT
-            or any(k not in _PLANNED for k in kinds)):
-        return lambda full: trace(func, info, full)
     n = len(kinds)
-    args = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
-    src = ["def plan(full):",
-           f"    if len(full) != {n}:",
-           "        return _trace(func, info, full)",
-           f"    {args} = full" if n else "    pass",
-           "    ctx = None",
-           "    ops = []",
-           "    ms = []",
-           "    sc = []"]
+    if (info.is_factory or info.identity or info.has_generator or func in _LAYOUT_DEPENDENT
+            or n == 0 or n > 200 or any(k not in _PLANNED for k in kinds)):
+        return _generic_plan(func, info)
+    names = [f"a{i}" for i in range(n)]
+    full = "(" + ", ".join(names) + ("," if n == 1 else "") + ")"   # the bound arguments again
+    src = ["def plan(args, kwargs):",
+           "    _counters[counter] = _counters.get(counter, 0) + 1",
+           "    if kwargs:",
+           "        full = bind(args, kwargs)",
+           f"        if len(full) != {n}:",
+           "            return _trace(func, info, full)",
+           f"        {', '.join(names)}{',' if n == 1 else ''} = full",
+           f"    elif len(args) == {n}:",
+           f"        {', '.join(names)}{',' if n == 1 else ''} = args"]
+    defaults: dict[str, Any] = {}
+    for m in range(n - 1, -1, -1):   # fewer positional arguments: the defaults of the rest
+        if info.default_tails[m] is None:
+            break
+        given = ", ".join(names[:m]) + ("," if m == 1 else "")
+        rest = []
+        for i in range(m, n):
+            defaults[f"_d{i}"] = info.defaults[i]
+            rest.append(f"{names[i]} = _d{i}")
+        src += [f"    elif len(args) == {m}:",
+                (f"        {given} = args; " if m else "        ") + "; ".join(rest)]
+    src += ["    else:",
+            "        return _trace(func, info, bind(args, kwargs))",
+            "    ctx = None",
+            "    ops = []",
+            "    ms = []",
+            "    sc = []"]
     entries, tensor_slots = [], []
     for i, k in enumerate(kinds):
         a, e = f"a{i}", f"e{i}"
@@ -313,7 +348,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                     f"        c = {a}._ctx",
                     "        if c is not ctx:",
                     "            if ctx is not None:",
-                    "                return _trace(func, info, full)",
+                    f"                return _trace(func, info, {full})",
                     "            ctx = c",
                     f"        o = {a}._v",
                     f"        {e} = _TREFS[len(ops)]",
@@ -325,12 +360,12 @@ def make_plan(func: Any, info: OpInfo) -> Any:
             src += [f"    elif type({a}) is _Tensor and {a}.is_cpu and {a}.dim() == 0:",
                     f"        {e} = _UP",
                     "    else:",
-                    "        return _trace(func, info, full)"]
+                    f"        return _trace(func, info, {full})"]
         elif k == CONST:
             src += [f"    {e} = tuple({a}) if type({a}) is list else {a}"]
         elif k == NUM_CONST:
             src += [f"    if _is_wide({a}):",
-                    "        return _trace(func, info, full)",
+                    f"        return _trace(func, info, {full})",
                     f"    {e} = exact({a})"]
         else:  # a Scalar: a runtime scalar, keyed by type (bools and complex numbers stay constants)
             src += [f"    t = type({a})",
@@ -338,12 +373,12 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                     f"        {e} = _SREFS[t][len(sc)] if len(sc) < 64 else (SCALAR, len(sc), t)",
                     f"        sc.append({a})",
                     "    elif t is int:",
-                    "        return _trace(func, info, full)",
+                    f"        return _trace(func, info, {full})",
                     "    else:",
                     f"        {e} = exact({a})"]
         entries.append(e)
     src += ["    if ctx is None:",
-            "        return _trace(func, info, full)"]
+            f"        return _trace(func, info, {full})"]
     for i in tensor_slots:  # uploads come after the other operands, in argument order, as in trace
         src += [f"    if e{i} is _UP:",
                 f"        node = scalar_node(ctx, a{i})",
@@ -353,16 +388,15 @@ def make_plan(func: Any, info: OpInfo) -> Any:
     src += [f"    tpl = ({', '.join(entries)}{',' if n == 1 else ''})",
             "    res = _cache_get((qualname, tpl, *ms))",
             "    if res is None or res is FALLBACK:",
-            "        return _trace(func, info, full)",
+            f"        return _trace(func, info, {full})",
             "    om, spec, key = res",
             "    node = Node(func, tuple(ops), key[1], tuple(sc), om, spec, None,",
             "                caller_location() if config.ir_debug else None, qualname, key)",
             "    if spec is _ONE:",
             "        return make_tensor(ctx, node, 0, om[0])",
             "    return _unflatten([make_tensor(ctx, node, i, m) for i, m in enumerate(om)], spec)"]
-    if len(kinds) > 200:  # operand references are prebuilt for 256 operands
-        return lambda full: trace(func, info, full)
     namespace = dict(func=func, info=info, qualname=info.qualname, _trace=trace, LtcTensor=LtcTensor,
+                     counter=info.counter, _counters=_counters, bind=info.bind, **defaults,
                      _Tensor=torch.Tensor, _TREFS=_TREFS, _SREFS=_SREFS, SCALAR=SCALAR, _UP=_UP,
                      _INT64=_INT64, _is_wide=_is_wide, exact=exact, scalar_node=scalar_node,
                      _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
