@@ -99,7 +99,8 @@ def _node_summary(t):
 
 
 @pytest.mark.parametrize("case", ["add_alpha", "mul_scalar", "wrapped_number", "layer_norm",
-                                  "view", "clamp", "sum_dim", "addmm", "where", "int_pow"])
+                                  "view", "clamp", "sum_dim", "addmm", "where", "int_pow",
+                                  "arange", "full", "empty"])
 def test_plans_build_the_node_the_generic_trace_builds(case):
     """Per-overload plans (trace.make_plan) and `trace` must make identical nodes."""
     from ltc_async.tensor import dispatch as d
@@ -120,6 +121,9 @@ def test_plans_build_the_node_the_generic_trace_builds(case):
             "addmm": lambda: torch.addmm(w[:3], x, x.t().contiguous(), beta=0.5),
             "where": lambda: torch.where(x > 3, x, w),
             "int_pow": lambda: i.pow(2),
+            "arange": lambda: torch.arange(0, 5, 0.5, device="ltc:0"),
+            "full": lambda: torch.full((2, 3), 1.5, device="ltc:0") + x[:2, :3],
+            "empty": lambda: torch.empty(3, 4, device="ltc:0").fill_(2.0),
         }[case]()
 
     first = program()          # fills the shape cache

@@ -280,11 +280,12 @@ def _unflatten(outs: list, out_spec: tuple) -> Any:
 # per overload: `trace`'s argument loop unrolled for the overload's schema (no loop, no kind
 # tests, template entries built straight from the arguments), written once as source and
 # compiled with `exec`.  A plan handles the common case only -- lazy tensors (or 0-dim host
-# tensors, wrapped numbers) in tensor slots, Python numbers in Scalar slots, plain constants,
+# tensors, wrapped numbers) in tensor slots, Python numbers in Scalar slots, plain constants
+# (a factory's device among them),
 # and a shape-cache hit that is not an eager fallback -- and builds exactly the node `trace`
 # builds; anything else (a device mismatch, a host tensor, a wide int, a first call) goes to
 # `trace`, which raises, uploads, infers or falls back as usual.  Ops with tensor lists,
-# generators, factories, identity ops and layout-dependent ops have no plan.
+# generators, identity ops and layout-dependent ops have no plan.
 
 _PLANNED = (K_TENSOR, OPT_TENSOR, CONST, K_SCALAR, NUM_CONST)
 _UP = object()   # a plan's template slot waiting for a 0-dim host tensor's upload
@@ -308,7 +309,9 @@ def make_plan(func: Any, info: OpInfo) -> Any:
     call, binds the arguments to the schema and builds the node."""
     kinds = info.kinds
     n = len(kinds)
-    if (info.is_factory or info.identity or info.has_generator or func in _LAYOUT_DEPENDENT
+    factory = info.is_factory   # no tensor arguments: the device argument names the context,
+    #                             and Scalars are constants (they can decide shapes: arange)
+    if (info.identity or info.has_generator or func in _LAYOUT_DEPENDENT
             or n == 0 or n > 200 or any(k not in _PLANNED for k in kinds)):
         return _generic_plan(func, info)
     names = [f"a{i}" for i in range(n)]
@@ -363,7 +366,10 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                     f"        return _trace(func, info, {full})"]
         elif k == CONST:
             src += [f"    {e} = tuple({a}) if type({a}) is list else {a}"]
-        elif k == NUM_CONST:
+            if factory:
+                src += [f"    if ctx is None and type({a}) is _device and {a}.type == 'ltc':",
+                        f"        ctx = _arena_get({a})"]
+        elif k == NUM_CONST or (k == K_SCALAR and factory):
             src += [f"    if _is_wide({a}):",
                     f"        return _trace(func, info, {full})",
                     f"    {e} = exact({a})"]
@@ -397,6 +403,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
             "    return _unflatten([make_tensor(ctx, node, i, m) for i, m in enumerate(om)], spec)"]
     namespace = dict(func=func, info=info, qualname=info.qualname, _trace=trace, LtcTensor=LtcTensor,
                      counter=info.counter, _counters=_counters, bind=info.bind, **defaults,
+                     _device=torch.device, _arena_get=arena.get,
                      _Tensor=torch.Tensor, _TREFS=_TREFS, _SREFS=_SREFS, SCALAR=SCALAR, _UP=_UP,
                      _INT64=_INT64, _is_wide=_is_wide, exact=exact, scalar_node=scalar_node,
                      _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
