@@ -143,6 +143,8 @@ def _take_ticket() -> int:
 def _release(ticket: int) -> None:
     global _next
     with _turn:
+        if ticket < _next:      # released already (by the job, then by its done-callback)
+            return
         _issued.add(ticket)
         while _next in _issued:
             _issued.discard(_next)
