@@ -100,7 +100,7 @@ def _node_summary(t):
 
 @pytest.mark.parametrize("case", ["add_alpha", "mul_scalar", "wrapped_number", "layer_norm",
                                   "view", "clamp", "sum_dim", "addmm", "where", "int_pow",
-                                  "arange", "full", "empty"])
+                                  "arange", "full", "empty", "clone_same", "clone_contiguous"])
 def test_plans_build_the_node_the_generic_trace_builds(case):
     """Per-overload plans (trace.make_plan) and `trace` must make identical nodes."""
     from ltc_async.tensor import dispatch as d
@@ -124,6 +124,8 @@ def test_plans_build_the_node_the_generic_trace_builds(case):
             "arange": lambda: torch.arange(0, 5, 0.5, device="ltc:0"),
             "full": lambda: torch.full((2, 3), 1.5, device="ltc:0") + x[:2, :3],
             "empty": lambda: torch.empty(3, 4, device="ltc:0").fill_(2.0),
+            "clone_same": lambda: (x * 2).clone(),
+            "clone_contiguous": lambda: (x * 2).t().contiguous(),
         }[case]()
 
     first = program()          # fills the shape cache

@@ -285,7 +285,7 @@ def _unflatten(outs: list, out_spec: tuple) -> Any:
 # and a shape-cache hit that is not an eager fallback -- and builds exactly the node `trace`
 # builds; anything else (a device mismatch, a host tensor, a wide int, a first call) goes to
 # `trace`, which raises, uploads, infers or falls back as usual.  Ops with tensor lists,
-# generators, identity ops and layout-dependent ops have no plan.
+# generators and layout-dependent ops have no plan.
 
 _PLANNED = (K_TENSOR, OPT_TENSOR, CONST, K_SCALAR, NUM_CONST)
 _UP = object()   # a plan's template slot waiting for a 0-dim host tensor's upload
@@ -311,7 +311,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
     n = len(kinds)
     factory = info.is_factory   # no tensor arguments: the device argument names the context,
     #                             and Scalars are constants (they can decide shapes: arange)
-    if (info.identity or info.has_generator or func in _LAYOUT_DEPENDENT
+    if (info.has_generator or func in _LAYOUT_DEPENDENT
             or n == 0 or n > 200 or any(k not in _PLANNED for k in kinds)):
         return _generic_plan(func, info)
     names = [f"a{i}" for i in range(n)]
@@ -395,8 +395,12 @@ def make_plan(func: Any, info: OpInfo) -> Any:
             "    res = _cache_get((qualname, tpl, *ms))",
             "    if res is None or res is FALLBACK:",
             f"        return _trace(func, info, {full})",
-            "    om, spec, key = res",
-            "    node = Node(func, tuple(ops), key[1], tuple(sc), om, spec, None,",
+            "    om, spec, key = res"]
+    if info.identity:   # values are immutable: the input's value, unless the layout changes
+        src += ["    o = ops[0]",
+                "    if o[0].outputs[o[1]].stride == om[0].stride:",
+                "        return make_tensor(ctx, o[0], o[1], om[0])"]
+    src += ["    node = Node(func, tuple(ops), key[1], tuple(sc), om, spec, None,",
             "                caller_location() if config.ir_debug else None, qualname, key)",
             "    if spec is _ONE:",
             "        return make_tensor(ctx, node, 0, om[0])",
