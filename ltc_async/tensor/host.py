@@ -64,8 +64,15 @@ def scalar_node(ctx: DeviceContext, host: torch.Tensor) -> Node:
     """The device-data node of a 0-dim host tensor (`x + torch.tensor(2.0)`, wrapped numbers),
     cached by exact value: LTC's DataCache.  Read and filled by every tracing thread without a
     lock: a racing miss uploads the value twice and keeps one node, both hold the same value."""
-    # exact(): keeps apart what equality would merge (-0.0 vs 0.0, NaN signs), NaN equal to itself
-    key = (ctx.index, host.dtype, exact(host.item()))
+    # exact(): keeps apart what equality would merge (-0.0 vs 0.0, NaN signs), NaN equal to itself.
+    # One dtype's values are all of one Python type, and equality of ints, bools and floats other
+    # than zeros and NaNs is already exact: those (nearly all) are keys as they are.
+    v = host.item()
+    tv = type(v)
+    if tv is int or tv is bool or (tv is float and v == v and v != 0.0):
+        key: tuple = (ctx.index, host.dtype, v)
+    else:
+        key = (ctx.index, host.dtype, exact(v))
     node = _scalar_cache.get(key)
     if node is None:
         metrics.counter("DeviceDataCacheMiss")
