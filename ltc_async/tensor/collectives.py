@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from .. import metrics
 from ..executor import graph_executor as gx
@@ -76,16 +77,10 @@ def _kernel(op: torch._ops.OpOverload) -> Any:
                     torch._functionalize_sync(w)
                     by_inner[id(v)] = w
 
-        def back(o: Any) -> Any:    # outputs aliasing written inputs are those inputs
-            if isinstance(o, torch.Tensor):
-                w = by_inner.get(id(o))
-                return w if w is not None else (torch._to_functional_tensor(o) if o.device.type == "ltc" else o)
-            if isinstance(o, list):
-                return [back(e) for e in o]
-            if isinstance(o, tuple):
-                return tuple(back(e) for e in o)
-            return o
-        return back(out)
+        def back(o: torch.Tensor) -> torch.Tensor:    # outputs aliasing written inputs are those inputs
+            w = by_inner.get(id(o))
+            return w if w is not None else (torch._to_functional_tensor(o) if o.device.type == "ltc" else o)
+        return tree_map_only(torch.Tensor, back, out)
     return functionalized
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from .. import metrics
 from ..diagnostics import hooks as _dx
@@ -232,16 +233,10 @@ def mutating_host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         lazy._ctx.rebind(lazy, adopt(lazy._ctx, host)._v)  # the written tensor names the result
         results[key] = lazy
 
-    def back(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            lazy = results.get(id(o))
-            return lazy if lazy is not None else adopt(_ctx_of(written), o)
-        if isinstance(o, list):
-            return [back(e) for e in o]
-        if isinstance(o, tuple):
-            return tuple(back(e) for e in o)
-        return o
-    return back(out)
+    def back(o: torch.Tensor) -> Any:
+        lazy = results.get(id(o))
+        return lazy if lazy is not None else adopt(_ctx_of(written), o)
+    return tree_map_only(torch.Tensor, back, out)
 
 
 def _ctx_of(tensors: dict[int, LtcTensor]) -> DeviceContext:
