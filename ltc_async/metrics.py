@@ -49,6 +49,18 @@ def _settle() -> None:
         hook()
 
 
+# Counters computed when read, not bumped on the hot path: name -> (value(), on_reset()).
+# `DestroyLtcTensor` is one (tensor/lazy_tensor.py): counting each destruction would need a
+# Python `__del__` on every lazy tensor, which costs more than the rest of its deallocation.
+_computed: dict[str, tuple] = {}
+
+
+def computed_counter(name: str, value, on_reset) -> None:
+    """Register counter `name` whose value is `value()` (since the last `reset()`, which calls
+    `on_reset()`), computed only when this counter is read."""
+    _computed[name] = (value, on_reset)
+
+
 def add_sample(name: str, value: float) -> None:
     now = time.perf_counter()
     with _metrics_lock:
@@ -79,6 +91,8 @@ def counter_names() -> list[str]:
 def counter_value(name: str) -> int | None:
     """The counter's value; 0 for the `ALWAYS_PRESENT` ones, else None if it never counted."""
     _settle()
+    if name in _computed:
+        return _computed[name][0]()
     v = _counters.get(name)
     if v:
         return v
@@ -120,6 +134,8 @@ def reset() -> None:
     from .diagnostics import findings as _findings
     _settle()
     _counters.clear()
+    for _value, on_reset in _computed.values():
+        on_reset()
     with _metrics_lock:
         _metrics.clear()
     _findings.reset()
@@ -155,5 +171,6 @@ def report() -> str:
         lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {_fmt_time(total)}\n"
                      f"  Median (recent): {_fmt_time(med)}")
     for name in counter_names():
-        lines.append(f"Counter: {name}\n  Value: {_counters.get(name, 0)}")
+        value = _computed[name][0]() if name in _computed else _counters.get(name, 0)
+        lines.append(f"Counter: {name}\n  Value: {value}")
     return "\n".join(lines) + ("\n" if lines else "") + _findings.render()

@@ -22,8 +22,10 @@ _lower_lock = threading.Lock()
 
 
 class TSComputation(Computation):
-    def __init__(self, graph: torch._C.Graph, input_kinds: list[int], device: torch.device) -> None:
+    def __init__(self, graph: torch._C.Graph, input_kinds: list[int], device: torch.device,
+                 n_outputs: int) -> None:
         self.graph = graph
+        self.n_outputs = n_outputs   # then the tensor inputs, returned (see `TSLowering.lower`)
         self.backend_text = str(graph)
         self.fn = torch._C._create_function_from_graph("ltc_graph", graph)
         self.device = device
@@ -36,7 +38,7 @@ class TSComputation(Computation):
                 g = torch.Generator(self.device)
                 g.manual_seed(inputs[i])
                 inputs[i] = g
-        return list(self.fn(*inputs))
+        return list(self.fn(*inputs)[:self.n_outputs])
 
 
 class SharedProgram(Computation):
@@ -122,7 +124,7 @@ class TorchScriptBackend(Backend):
             if comp is not None:
                 _programs.move_to_end(key)
                 return SharedProgram(comp)
-        comp = TSComputation(graph, lowering.input_kinds, device)
+        comp = TSComputation(graph, lowering.input_kinds, device, lowering.n_outputs)
         with _programs_lock:
             _programs[key] = comp
             while len(_programs) > _MAX_PROGRAMS:

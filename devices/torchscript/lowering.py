@@ -205,6 +205,15 @@ class TSLowering:
                                           by_node.get(j, ()))
         outs = [env[id(n)][i] for n, i in roots]
         g = self.graph
+        # The program also returns its tensor inputs, after its outputs (`TSComputation`
+        # drops them): the interpreter then keeps each input until the end, and the last C++
+        # reference to a tensor that Python owns is released with the GIL held, on return.
+        # Otherwise the interpreter frees an input at its last use, inside the call, and
+        # PyTorch must take the GIL there to drop the Python object's reference: the device
+        # worker then stalls mid-graph, once per input, for as long as the tracing thread
+        # keeps the GIL (up to `sys.getswitchinterval()`, 5 ms, each time).
+        self.n_outputs = len(outs)
+        outs = outs + [v for v, k in zip(g.inputs(), self.input_kinds) if k == IN_TENSOR]
         tup = g.create("prim::TupleConstruct", outs, 1)
         g.insertNode(tup)
         tup.output().setType(torch._C.TupleType([_TENSOR] * len(outs)))

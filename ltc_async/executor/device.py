@@ -121,6 +121,14 @@ class DeviceContext:
                 out.append(t)
         return out
 
+    def has_pending(self) -> bool:
+        """Does any live tensor hold pending IR?  (`live_tensors()` without building a list.)"""
+        for r in self._live.copy().values():
+            t = r()
+            if t is not None and not t._v[0].is_data:
+                return True
+        return False
+
     def live_count(self) -> int:
         return len(self._live)
 

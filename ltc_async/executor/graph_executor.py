@@ -84,7 +84,7 @@ def _try_schedule(groups: dict[DeviceContext, Any], label: str) -> list[Executio
     held: list[DeviceContext] = []
     for ctx in ctxs:
         tensors = groups[ctx]
-        if not _has_pending(ctx.live_tensors() if tensors is None else tensors):
+        if not (ctx.has_pending() if tensors is None else _has_pending(tensors)):
             continue
         if not ctx.try_acquire_slot():
             for h in held:

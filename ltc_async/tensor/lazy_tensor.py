@@ -11,12 +11,13 @@ swaps that pair for a DEVICE_DATA node holding (a placeholder for) the same valu
 """
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
 
 from ..ir.node import Node, TensorMeta
-from ..metrics import _counters
+from ..metrics import _counters, computed_counter
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
@@ -40,11 +41,6 @@ class LtcTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         return _dispatch(func, args, kwargs)
 
-    def __del__(self) -> None:
-        counters = _counters
-        if counters is not None:  # None while the interpreter tears modules down
-            counters["DestroyLtcTensor"] = counters.get("DestroyLtcTensor", 0) + 1
-
     def __repr__(self) -> str:  # the inner tensor: users normally see the functional wrapper
         meta = self._m
         return f"LtcTensor({self._v[0].name}, shape={tuple(meta.shape)}, dtype={meta.dtype}, device={self._ctx.device})"
@@ -61,6 +57,28 @@ def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta) -> LtcTensor:
     if node.op is not _DEVICE_DATA:
         ctx.register(t)
     return t
+
+
+def _alive() -> int:
+    """Lazy tensors alive now: a scan of the objects the garbage collector tracks (every
+    tensor is one), run only when `DestroyLtcTensor` is read.  A `__del__` counting each
+    destruction would cost every traced op more than the rest of its tensor's deallocation."""
+    return sum(1 for o in gc.get_objects() if type(o) is LtcTensor)
+
+
+_alive_at_reset = 0
+
+
+def _destroyed() -> int:
+    return max(0, _counters.get("CreateLtcTensor", 0) - (_alive() - _alive_at_reset))
+
+
+def _on_reset() -> None:
+    global _alive_at_reset
+    _alive_at_reset = _alive()
+
+
+computed_counter("DestroyLtcTensor", _destroyed, _on_reset)
 
 
 def wrap(t: torch.Tensor) -> torch.Tensor:
