@@ -35,6 +35,9 @@ class Config:
     salvage: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_SALVAGE", 1) != 0)
     #: intra-op threads for each CPU device worker (0: torch's default split, see README)
     cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
+    #: the garbage collector's young-generation threshold while ltc devices are in use
+    #: (raised to this when lower; 0 leaves Python's setting alone; see `arena.tune_gc`)
+    gc_threshold: int = field(default_factory=lambda: _env_int("LTC_ASYNC_GC_THRESHOLD", 20000))
     #: warn (`ltc.RecompileWarning`) on every graph-cache miss at a call site after its first,
     #: naming the first difference from the closest cached graph (`ltc.debug.explain_recompiles`)
     explain_recompiles: bool = field(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import threading
 
@@ -49,7 +50,27 @@ def init(devices: list[str] | None = None, backend: str | None = None) -> list[t
         _backend = be
         _contexts = [DeviceContext(i, be, d, threads, config.max_inflight)
                      for i, d in enumerate(parsed)]
+        tune_gc(config.gc_threshold)
         return [c.device for c in _contexts]
+
+
+def tune_gc(threshold: int) -> None:
+    """Raise the garbage collector's young-generation threshold to `threshold` (if lower).
+
+    A traced step keeps its IR alive until `mark_step`: thousands of container objects (nodes,
+    lazy tensors, their wrappers) that outlive Python's default threshold (700 net
+    allocations), so every step triggers young collections that promote them, and their
+    promotion triggers full collections of the whole heap (the model, torch, transformers):
+    27% of BERT's host time per lazy step, 4.9 ms of 18.7 (`benchmarks/README.md`, "Garbage
+    collection").  With 20000, a step's objects die by reference counting before a
+    collection is due: no collection at all per step.  Only collection of reference *cycles*
+    is deferred, by at most that many allocations; nothing is frozen or leaked.
+    `LTC_ASYNC_GC_THRESHOLD=0` leaves Python's setting alone."""
+    if threshold <= 0:
+        return
+    t0, t1, t2 = gc.get_threshold()
+    if t0 < threshold:
+        gc.set_threshold(threshold, t1, t2)
 
 
 def contexts() -> list[DeviceContext]:
