@@ -73,6 +73,7 @@ class DeviceContext:
         self.worker = Worker(f"ltc:{index}-worker",
                              lambda: backend.worker_init(backend_device, threads))
         self._live: dict[int, weakref.ref] = {}
+        self._purge_at = 4096
         self._ids = itertools.count()
         self.seed = torch.initial_seed()
         self._rng_counter = 0
@@ -93,10 +94,23 @@ class DeviceContext:
 
     # -- live tensors ---------------------------------------------------------------------
     def register(self, t: Any) -> None:
+        # A plain weak reference, no callback: a callback is a Python call when each
+        # intermediate tensor dies (most die before `mark_step`).  Dead entries are dropped by
+        # `live_tensors` / `has_pending` and, so that a loop that never syncs stays bounded,
+        # whenever the registry has doubled since the last purge.
         k = next(self._ids)
         t._id = k
         live = self._live
-        live[k] = weakref.ref(t, lambda _r, k=k, live=live: live.pop(k, None))
+        live[k] = weakref.ref(t)
+        if len(live) > self._purge_at:
+            self._purge()
+
+    def _purge(self) -> None:
+        live = self._live
+        for k, r in list(live.items()):
+            if r() is None:
+                live.pop(k, None)
+        self._purge_at = max(4096, 2 * len(live))
 
     def unregister(self, t: Any) -> None:
         self._live.pop(t._id, None)
@@ -115,9 +129,12 @@ class DeviceContext:
     def live_tensors(self) -> list[Any]:
         """Tensors with pending IR, oldest first (a stable order keeps graph keys stable)."""
         out = []
-        for r in self._live.copy().values():
+        live = self._live
+        for k, r in live.copy().items():
             t = r()
-            if t is not None and not t._v[0].is_data:
+            if t is None:
+                live.pop(k, None)
+            elif not t._v[0].is_data:
                 out.append(t)
         return out
 
@@ -130,6 +147,7 @@ class DeviceContext:
         return False
 
     def live_count(self) -> int:
+        self._purge()
         return len(self._live)
 
     # -- RNG ------------------------------------------------------------------------------
