@@ -5,7 +5,8 @@ and Inductor (`torch.compile` default backend), in one process.
 Cases (select with --only, repeatable; default: all):
   mlp   64-256-256-10, batch 64, cross entropy, SGD(lr=0.01, momentum=0.9) (bench_lazy's case)
   gpt2  tiny GPT-2 from a transformers config (2 layers, width 64, 4 heads, vocab 128),
-        batch 2 x 16 tokens, LM loss, AdamW(lr=1e-3) (--optimizer sgd: SGD with momentum)
+        batch 2 x 16 tokens, LM loss, AdamW(lr=1e-3) (--optimizer sgd: SGD with momentum;
+        --optimizer adamw-fused: AdamW(fused=True), one `_fused_adamw_` kernel per step)
   bert  tiny BERT for sequence classification (2 layers, width 64), batch 2 x 16, AdamW
 
 Engines:
@@ -102,7 +103,9 @@ def _transformers_case(name: str) -> tuple:
     def opt(params: Any) -> torch.optim.Optimizer:
         if OPTIMIZER == "sgd":
             return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-        return torch.optim.AdamW(params, lr=1e-3)
+        if OPTIMIZER == "adamw-fused":
+            return torch.optim.AdamW(params, lr=1e-3, fused=True)
+        return torch.optim.AdamW(params, lr=1e-3)   # fused=False would also turn foreach off
     return build, batch, loss, opt
 
 
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+    p.add_argument("--optimizer", choices=["adamw", "adamw-fused", "sgd"], default="adamw",
                    help="the transformer cases' optimizer (the MLP always uses SGD with momentum)")
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval(s) first (CPython's default: 0.005)")

@@ -171,6 +171,29 @@ def test_adamw_step_with_host_step_counts(metrics, capturable):
         assert _count("CompiledGraphHostSplit") == 4
 
 
+@pytest.mark.parametrize("kind", ["single_tensor", "fused"])
+def test_compiled_adamw_single_tensor_and_fused(metrics, kind):
+    # foreach=False: Dynamo writes `addcmul_(..., value=v)` as Inductor's `prims::fma` (it
+    # used to take the eager fallback and make the graph replay); fused=True: `_fused_adamw_`
+    eager = _mlp()
+    lazy = copy.deepcopy(eager).to("ltc:0")
+    kw = {"foreach": False} if kind == "single_tensor" else {"fused": True}
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1, **kw)
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2, weight_decay=0.1, **kw)
+    step = torch.compile(opt_l.step, backend="ltc")
+    for x, y in _batches(4):
+        nn.functional.cross_entropy(lazy(x.to("ltc:0")), y.to("ltc:0")).backward()
+        step()
+        opt_l.zero_grad()
+        ltc.mark_step()
+        nn.functional.cross_entropy(eager(x), y).backward()
+        opt_e.step()
+        opt_e.zero_grad()
+    _assert_params(lazy, eager)
+    assert _count("CompiledGraphReplay") == 0
+    assert _count("EagerFallback") == 0
+
+
 def test_scalar_foreach_lists_vectorized():
     # an optimizer's per-parameter scalars (lists of 0-dim tensors) run as one op per foreach
     def f(steps, x):

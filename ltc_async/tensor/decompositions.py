@@ -258,17 +258,32 @@ def _records_autograd(full: list) -> bool:
 
 def _inplace_foreach_kernel(inplace: Any, functional: Any) -> Callable[..., None]:
     info = op_info(inplace)
+    # the lists the op writes (`Tensor(a!)[]`): the functional twin returns their new values,
+    # in this order (one list, or a tuple of lists for the fused optimizers)
+    written = [i for i, a in enumerate(inplace._schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    # `_fused_sgd_` / `_fused_adagrad_` have no meta kernel: their functional twin's own
+    # shape inference checks the call
+    meta_check = _check_on_meta if torch._C._dispatch_has_kernel_for_dispatch_key(
+        inplace.name(), "Meta") or "_foreach_" in inplace.name() else (lambda *a: None)
 
     def kernel(*args: Any, **kwargs: Any) -> None:
         full = info.bind(args, kwargs)
         inner = _inner_args(info, full) if _dispatch_modes() == 0 else None
         if inner is not None:
             if not _records_autograd(full):
-                _check_on_meta(inplace, info, inner)   # what functionalization checks first
+                meta_check(inplace, info, inner)   # what functionalization checks first
                 fargs, fkwargs = info.split(inner)
                 outs = lazy_tensor._dispatch(functional, tuple(fargs), fkwargs)
-                _write(full[0], inner[0], outs)
+                if len(written) == 1:
+                    _write(full[0], inner[0], outs)
+                else:
+                    for i, new in zip(written, outs):
+                        _write(full[i], inner[i], new)
                 return None
+            if len(written) != 1:   # a fused optimizer under autograd: PyTorch's path
+                with torch._C._AutoDispatchBelowAutograd():
+                    return inplace(*args, **kwargs)
             # recorded by autograd: the functional op on copies of the targets (its derivative
             # may read them), then each target takes its result
             _validate_on_meta(inplace, *info.split(full))
@@ -283,10 +298,15 @@ def _inplace_foreach_kernel(inplace: Any, functional: Any) -> Callable[..., None
 
 
 def _inplace_foreach_ops() -> list[tuple[Any, Any]]:
-    """Every in-place `_foreach_*_` overload with its functional twin."""
+    """Every in-place `_foreach_*_` overload, and the fused optimizers (`_fused_adam_`,
+    `_fused_adamw_`, `_fused_sgd_`, ...: `Adam(fused=True)`), with its functional twin.  (The
+    fused optimizers also need this path for correctness: PyTorch's functionalization kernel
+    takes an empty list, Adam's `max_exp_avg_sqs` without amsgrad, for a non-functional
+    argument and fails an internal assert.)"""
     found = []
     names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
-                    if s.name.startswith("aten::_foreach_") and s.name.endswith("_")})
+                    if s.name.startswith(("aten::_foreach_", "aten::_fused_"))
+                    and s.name.endswith("_")})
     for name in names:
         packet, functional = getattr(aten, name, None), getattr(aten, name[:-1], None)
         if packet is None or functional is None:
@@ -428,6 +448,19 @@ def register() -> None:
                  "AutogradPrivateUse1")
     _libs.append(lib)
 
+
+def _fma(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`prims::fma(a, b, c)` = `a * b + c`, its reference implementation (Dynamo writes
+    `t.addcmul_(x, y, value=v)` as `t.copy_(fma(x * y, v, t))`: AdamW with `foreach=False`
+    under `torch.compile`).  An Inductor prim, registered only once Inductor is imported, so
+    it is looked up by name."""
+    a, b, c = op_info(func).bind(args, kwargs)
+    mul = aten.mul.Tensor if isinstance(b, torch.Tensor) else aten.mul.Scalar
+    return lazy_tensor._dispatch(aten.add.Tensor, (lazy_tensor._dispatch(mul, (a, b), {}), c), {})
+
+
+#: decompositions of ops that may not exist when this module loads, by qualified name
+BY_NAME: dict[str, Callable[[Any, tuple, dict], Any]] = {"prims::fma": _fma}
 
 DECOMPOSITIONS: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     **_foreach_decompositions(),

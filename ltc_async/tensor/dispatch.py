@@ -34,7 +34,7 @@ import torch
 from .. import metrics
 from ..ir.schema import OpInfo, op_info
 from . import collectives, lazy_tensor
-from .decompositions import DECOMPOSITIONS
+from .decompositions import BY_NAME, DECOMPOSITIONS
 from .host import host_op, mutating_host_op
 from .special import SPECIAL
 from .trace import make_plan, trace
@@ -47,7 +47,7 @@ _routes: dict[int, Callable[[tuple, dict | None], Any]] = {}
 
 def _route(func: torch._ops.OpOverload) -> Callable[[tuple, dict | None], Any]:
     info = op_info(func)
-    handler = SPECIAL.get(func) or DECOMPOSITIONS.get(func)
+    handler = SPECIAL.get(func) or DECOMPOSITIONS.get(func) or BY_NAME.get(info.qualname)
     if handler is not None:
         def route(args: tuple, kwargs: dict | None) -> Any:
             return handler(func, args, kwargs or {})
