@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import os
 import sys
 import threading
@@ -74,7 +73,6 @@ class DeviceContext:
                              lambda: backend.worker_init(backend_device, threads))
         self._live: dict[int, weakref.ref] = {}
         self._purge_at = 4096
-        self._ids = itertools.count()
         self.seed = torch.initial_seed()
         self._rng_counter = 0
         self._rng_lock = threading.Lock()
@@ -98,8 +96,7 @@ class DeviceContext:
         # intermediate tensor dies (most die before `mark_step`).  Dead entries are dropped by
         # `live_tensors` / `has_pending` and, so that a loop that never syncs stays bounded,
         # whenever the registry has doubled since the last purge.
-        k = next(self._ids)
-        t._id = k
+        k = t._id                       # the tensor's creation serial (`make_tensor`)
         live = self._live
         live[k] = weakref.ref(t)
         if len(live) > self._purge_at:
@@ -122,8 +119,8 @@ class DeviceContext:
         with self.lock:
             t._v = value
             if value[0].is_data:
-                self._live.pop(getattr(t, "_id", None), None)
-            elif getattr(t, "_id", None) not in self._live:
+                self._live.pop(t._id, None)
+            elif t._id not in self._live:
                 self.register(t)
 
     def live_tensors(self) -> list[Any]:

@@ -12,6 +12,7 @@ swaps that pair for a DEVICE_DATA node holding (a placeholder for) the same valu
 from __future__ import annotations
 
 import gc
+import itertools
 from typing import Any
 
 import torch
@@ -54,28 +55,29 @@ def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta) -> LtcTensor:
     t._v = (node, idx)
     t._m = meta
     t._ctx = ctx
+    t._id = next(_serial)
     if node.op is not _DEVICE_DATA:
         ctx.register(t)
     return t
 
 
-def _alive() -> int:
-    """Lazy tensors alive now: a scan of the objects the garbage collector tracks (every
-    tensor is one), run only when `DestroyLtcTensor` is read.  A `__del__` counting each
-    destruction would cost every traced op more than the rest of its tensor's deallocation."""
-    return sum(1 for o in gc.get_objects() if type(o) is LtcTensor)
-
-
-_alive_at_reset = 0
+_serial = itertools.count()   # creation serials (`LtcTensor._id`, the live registry's keys)
+_serial_at_reset = 0
 
 
 def _destroyed() -> int:
-    return max(0, _counters.get("CreateLtcTensor", 0) - (_alive() - _alive_at_reset))
+    """`DestroyLtcTensor`: lazy tensors created since the last `ltc.metrics.reset()` and gone
+    since, computed when read: created minus those still alive, found by a scan of the objects
+    the garbage collector tracks (every tensor is one).  A `__del__` counting each destruction
+    would cost every traced op more than the rest of its tensor's deallocation."""
+    first = _serial_at_reset
+    alive = sum(1 for o in gc.get_objects() if type(o) is LtcTensor and o._id >= first)
+    return max(0, _counters.get("CreateLtcTensor", 0) - alive)
 
 
 def _on_reset() -> None:
-    global _alive_at_reset
-    _alive_at_reset = _alive()
+    global _serial_at_reset
+    _serial_at_reset = next(_serial)
 
 
 computed_counter("DestroyLtcTensor", _destroyed, _on_reset)
