@@ -143,42 +143,17 @@ def test_optimizer_state_and_momentum_buffers_written():
         torch.testing.assert_close(opt_l.state[p_l]["momentum_buffer"].cpu(), opt_e.state[p_e]["momentum_buffer"])
 
 
-@pytest.mark.parametrize("capturable", [False, True])
-def test_adamw_step_with_host_step_counts(metrics, capturable):
+@pytest.mark.parametrize("kw", [{}, {"capturable": True}, {"foreach": False}, {"fused": True}],
+                         ids=["host_step_counts", "capturable", "single_tensor", "fused"])
+def test_compiled_adamw_variants(metrics, kw):
     # AdamW keeps `step` as a CPU tensor (capturable=False): the compiled step runs the count
-    # updates on the host, everything else captured; capturable=True keeps them on ltc
+    # updates on the host, everything else captured; capturable=True keeps them on ltc.
+    # foreach=False: Dynamo writes `addcmul_(..., value=v)` as Inductor's `prims::fma` (it used
+    # to take the eager fallback and make the graph replay); fused=True: `_fused_adamw_`
     eager = _mlp()
     lazy = copy.deepcopy(eager).to("ltc:0")
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1)
-    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2, weight_decay=0.1, capturable=capturable)
-    step = torch.compile(opt_l.step, backend="ltc")
-    for x, y in _batches(4):
-        nn.functional.cross_entropy(lazy(x.to("ltc:0")), y.to("ltc:0")).backward()
-        step()
-        opt_l.zero_grad()
-        ltc.mark_step()
-        nn.functional.cross_entropy(eager(x), y).backward()
-        opt_e.step()
-        opt_e.zero_grad()
-    _assert_params(lazy, eager)
-    state = opt_l.state[lazy[0].weight]
-    assert state["step"].device.type == ("ltc" if capturable else "cpu")
-    assert float(state["step"].cpu()) == 4.0
-    torch.testing.assert_close(state["exp_avg_sq"].cpu(), opt_e.state[eager[0].weight]["exp_avg_sq"])
-    assert _count("CompiledGraphReplay") == 0
-    assert _count("EagerFallback") == 0
-    if not capturable:
-        assert _count("CompiledGraphHostSplit") == 4
-
-
-@pytest.mark.parametrize("kind", ["single_tensor", "fused"])
-def test_compiled_adamw_single_tensor_and_fused(metrics, kind):
-    # foreach=False: Dynamo writes `addcmul_(..., value=v)` as Inductor's `prims::fma` (it
-    # used to take the eager fallback and make the graph replay); fused=True: `_fused_adamw_`
-    eager = _mlp()
-    lazy = copy.deepcopy(eager).to("ltc:0")
-    kw = {"foreach": False} if kind == "single_tensor" else {"fused": True}
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1, **kw)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1,
+                              **{k: v for k, v in kw.items() if k != "capturable"})
     opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2, weight_decay=0.1, **kw)
     step = torch.compile(opt_l.step, backend="ltc")
     for x, y in _batches(4):
@@ -190,8 +165,15 @@ def test_compiled_adamw_single_tensor_and_fused(metrics, kind):
         opt_e.step()
         opt_e.zero_grad()
     _assert_params(lazy, eager)
+    state = opt_l.state[lazy[0].weight]
+    on_ltc = kw.get("capturable") or kw.get("fused")
+    assert state["step"].device.type == ("ltc" if on_ltc else "cpu")
+    assert float(state["step"].cpu()) == 4.0
+    torch.testing.assert_close(state["exp_avg_sq"].cpu(), opt_e.state[eager[0].weight]["exp_avg_sq"])
     assert _count("CompiledGraphReplay") == 0
     assert _count("EagerFallback") == 0
+    if not on_ltc:
+        assert _count("CompiledGraphHostSplit") == 4
 
 
 def test_scalar_foreach_lists_vectorized():

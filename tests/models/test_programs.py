@@ -278,29 +278,36 @@ _OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("name", list(_OPTIMIZERS))
-def test_foreach_optimizers_train_like_eager_without_fallbacks_or_recompiles(name):
-    """The default (foreach) optimizer steps pass per-step values such as Adam's bias
-    corrections as lists of scalars (`_foreach_div.ScalarList`, `_foreach_addcdiv.ScalarList`):
-    they used to take the eager fallback; they must compile once and not again for new values."""
+def _train_eager_and_lazy(make_opt, steps: int, reset_at: int | None = None) -> dict:
+    """A small model trained on the CPU and on `ltc:0` with `make_opt`, same batches: the
+    (model, optimizer) of each; the metrics are reset before step `reset_at` of the lazy run."""
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    batches = [torch.randn(3, 4) for _ in range(6)]
+    batches = [torch.randn(3, 4) for _ in range(steps)]
     result = {}
     for dev in ("cpu", "ltc:0"):
         model = copy.deepcopy(base).to(dev)
-        opt = _OPTIMIZERS[name](model.parameters())
+        opt = make_opt(model.parameters())
         for step, x in enumerate(batches):
-            if step == 3:
+            if step == reset_at:
                 ltc.metrics.reset()
             opt.zero_grad()
             model(x.to(dev)).pow(2).sum().backward()
             opt.step()
             if dev != "cpu":
                 ltc.mark_step()
-        result[dev] = model
-    for p, q in zip(result["cpu"].parameters(), result["ltc:0"].parameters()):
+        result[dev] = (model, opt)
+    for p, q in zip(result["cpu"][0].parameters(), result["ltc:0"][0].parameters()):
         assert_eager(q.detach(), p.detach())
+    return result
+
+
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_foreach_optimizers_train_like_eager_without_fallbacks_or_recompiles(name):
+    """The default (foreach) optimizer steps pass per-step values such as Adam's bias
+    corrections as lists of scalars (`_foreach_div.ScalarList`, `_foreach_addcdiv.ScalarList`):
+    they used to take the eager fallback; they must compile once and not again for new values."""
+    _train_eager_and_lazy(_OPTIMIZERS[name], 6, reset_at=3)
     assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
     assert sum(ltc.metrics.counter_value(c) or 0 for c in ("UncachedCompile", "CompileReuse")) == 0
 
@@ -313,23 +320,8 @@ def test_foreach_optimizers_train_like_eager_without_fallbacks_or_recompiles(nam
 def test_other_fused_optimizers_train_like_eager(make):
     """`_fused_sgd_` / `_fused_adagrad_` (no meta kernel, so they run through the eager
     fallback each step): the values, and the optimizer state, are eager's."""
-    torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    batches = [torch.randn(3, 4) for _ in range(4)]
-    result = {}
-    for dev in ("cpu", "ltc:0"):
-        model = copy.deepcopy(base).to(dev)
-        opt = make(model.parameters())
-        for x in batches:
-            opt.zero_grad()
-            model(x.to(dev)).pow(2).sum().backward()
-            opt.step()
-            if dev != "cpu":
-                ltc.mark_step()
-        result[dev] = (model, opt)
-    for p, q in zip(result["cpu"][0].parameters(), result["ltc:0"][0].parameters()):
-        assert_eager(q.detach(), p.detach())
-    for (p, sp), (q, sq) in zip(result["cpu"][1].state.items(), result["ltc:0"][1].state.items()):
+    result = _train_eager_and_lazy(make, 4)
+    for (_, sp), (_, sq) in zip(result["cpu"][1].state.items(), result["ltc:0"][1].state.items()):
         for k, v in sp.items():
             if isinstance(v, torch.Tensor):
                 assert_eager(sq[k], v)
