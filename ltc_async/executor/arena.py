@@ -61,8 +61,8 @@ def tune_gc(threshold: int) -> None:
     lazy tensors, their wrappers) that outlive Python's default threshold (700 net
     allocations), so every step triggers young collections that promote them, and their
     promotion triggers full collections of the whole heap (the model, torch, transformers):
-    27% of BERT's host time per lazy step, 4.9 ms of 18.7 (`benchmarks/README.md`, "Garbage
-    collection").  With 20000, a step's objects die by reference counting before a
+    27% of BERT's host time per lazy step, 4.9 ms of 18.7 (`benchmarks/README.md`, "The pipeline
+    under load").  With 20000, a step's objects die by reference counting before a
     collection is due: no collection at all per step.  Only collection of reference *cycles*
     is deferred, by at most that many allocations; nothing is frozen or leaked.
     `LTC_ASYNC_GC_THRESHOLD=0` leaves Python's setting alone."""
