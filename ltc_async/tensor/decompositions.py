@@ -98,27 +98,10 @@ _checked: dict[tuple, bool] = {}
 _CHECKED_MAX = 4096
 
 
-def _sig(v: Any) -> Any:
-    """What a meta check can depend on: tensor metas, list lengths, scalar types (and int
-    values: `pow` rejects negative integer exponents of integer tensors)."""
-    t = type(v)
-    if t is LtcTensor:
-        return v._m
-    if t is list or t is tuple:
-        return tuple([e._m if type(e) is LtcTensor else _sig(e) for e in v])
-    if t is float or t is complex:
-        return t
-    if t is int or t is bool:
-        return (t, v)
-    if isinstance(v, torch.Tensor):  # a host tensor (of scalars): where it lives matters
-        return (t, v.device, tuple(v.shape), v.stride(), v.dtype)
-    return v
-
-
 def _check_on_meta(func: Any, info: Any, full: list) -> None:
     """`_validate_on_meta`, once per signature."""
     try:
-        key = (func, *[_sig(v) for v in full])
+        key = (func, *[shapes.signature(v) for v in full])
         if key in _checked:
             return
         hash(key)

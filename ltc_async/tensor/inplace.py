@@ -40,6 +40,8 @@ from typing import Any, Callable
 
 import torch
 
+from .shapes import signature
+
 _F = torch._C._functionalization
 _is_functional = torch._is_functional_tensor
 _AUGMENTED = ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
@@ -77,24 +79,11 @@ def _meta(v: Any) -> Any:
 
 # (name, signature of self and the arguments) -> the functional twin's result dtype, or None
 # (no twin, or it raised: the op will raise its own error).  What the dtype depends on is in the
-# key: tensors' dtypes, shapes and strides (meta errors), numbers' types (and ints' values),
-# other arguments as they are.  Read and written by every tracing thread without a lock: single
+# key (`shapes.signature`): tensors' dtypes, shapes and strides (meta errors), numbers' types
+# (and ints' values), other arguments as they are.  Read and written by every tracing thread without a lock: single
 # dict operations are atomic under the GIL, and a racing insert stores the same value twice.
 _result_dtypes: dict[tuple, Any] = {}
 _RESULT_DTYPES_MAX = 4096
-
-
-def _sig(v: Any) -> Any:
-    t = type(v)
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.shape, v.stride())
-    if t is float or t is complex:
-        return t
-    if t is int or t is bool:
-        return (t, v)
-    if t is list or t is tuple:
-        return (t, *[_sig(e) for e in v])
-    return v
 
 
 def _result_dtype(functional: Callable[..., Any], self: torch.Tensor, args: tuple, kwargs: dict) -> Any:
@@ -115,7 +104,8 @@ def check_result_type(name: str, self: torch.Tensor, args: tuple, kwargs: dict) 
     else:
         return
     try:
-        key: Any = (name, _sig(self), *[_sig(a) for a in args], *[(k, _sig(v)) for k, v in kwargs.items()])
+        key: Any = (name, signature(self), *[signature(a) for a in args],
+                    *[(k, signature(v)) for k, v in kwargs.items()])
         dtype = _result_dtypes.get(key, _MISSING)
     except TypeError:  # an unhashable argument: no caching
         key, dtype = None, _MISSING

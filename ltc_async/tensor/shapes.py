@@ -40,6 +40,26 @@ def remember(key: tuple, res: Any) -> None:
     cache[key] = res
 
 
+def signature(v: Any) -> Any:
+    """An argument as the key of a per-signature cache of a meta run (the in-place foreach
+    ops' argument checks, in-place result dtypes): what such a run can depend on -- a lazy
+    tensor's meta, another tensor's type, device, shape, strides and dtype, list lengths,
+    number types (and int values: `pow` rejects negative integer exponents of integer tensors);
+    anything else as it is."""
+    t = type(v)
+    if t is LtcTensor:
+        return v._m
+    if t is list or t is tuple:   # lazy tensors inline: optimizer lists are long
+        return (t, *[e._m if type(e) is LtcTensor else signature(e) for e in v])
+    if t is float or t is complex:
+        return t
+    if t is int or t is bool:
+        return (t, v)
+    if isinstance(v, torch.Tensor):
+        return (t, v.device, tuple(v.shape), v.stride(), v.dtype)
+    return v
+
+
 def to_meta(v: Any) -> Any:
     if type(v) is LtcTensor:
         m = v._m
