@@ -123,25 +123,23 @@ class DeviceContext:
             elif t._id not in self._live:
                 self.register(t)
 
-    def live_tensors(self) -> list[Any]:
-        """Tensors with pending IR, oldest first (a stable order keeps graph keys stable)."""
-        out = []
+    def _pending(self) -> Iterator[Any]:
+        """Live tensors holding pending IR, oldest first; drops dead entries on the way."""
         live = self._live
         for k, r in live.copy().items():
             t = r()
             if t is None:
                 live.pop(k, None)
             elif not t._v[0].is_data:
-                out.append(t)
-        return out
+                yield t
+
+    def live_tensors(self) -> list[Any]:
+        """Tensors with pending IR, oldest first (a stable order keeps graph keys stable)."""
+        return list(self._pending())
 
     def has_pending(self) -> bool:
         """Does any live tensor hold pending IR?  (`live_tensors()` without building a list.)"""
-        for r in self._live.copy().values():
-            t = r()
-            if t is not None and not t._v[0].is_data:
-                return True
-        return False
+        return next(self._pending(), None) is not None
 
     def live_count(self) -> int:
         self._purge()
