@@ -28,7 +28,7 @@ from ..executor import arena
 from ..executor import graph_executor as gx
 from . import decompositions
 from . import dispatch as dispatch_module
-from . import autocast, collectives, inplace, modules, storage
+from . import autocast, collectives, fast_paths, inplace, modules, seam, storage
 from .dispatch import dispatch
 from .special import copy_into
 from .lazy_tensor import LtcTensor, unwrap, wrap
@@ -321,4 +321,6 @@ def register() -> None:
     inplace.patch()
     decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
     collectives.register()         # dist collectives on views write through to the base
+    seam.register()                # host tensors written from ltc ones: cpu.copy_(ltc), ...
+    fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
     _registered = True

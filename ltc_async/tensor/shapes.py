@@ -9,7 +9,7 @@ For the `x_copy` ops functionalization produces, the strides are those of the vi
 
 Meta kernels check shapes, but not always dtypes: `mm` on meta takes `float16 @ float32`, which
 every eager kernel rejects.  So a signature whose tensor inputs mix floating-point dtypes is
-also run once by eager on the backing device (`_check_like_eager`), on zero-filled stand-ins
+also run once by eager on the backing device (`_run_like_eager`), on zero-filled stand-ins
 with the inputs' shapes and strides: eager's error, at the user's line, instead of a failed
 execution later.  Same-dtype signatures (nearly all) never pay for it; mixed ones once, as
 the result is cached with the shapes.
@@ -97,7 +97,9 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
             return FALLBACK
         raise
     if not info.seeded:
-        _check_like_eager(func, info, full)
+        eager = _run_like_eager(func, info, full, out)
+        if eager is not None:
+            out = _with_dtypes_of(out, eager)
     if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
         try:
             out = call(info.view_op, info, margs)
@@ -134,14 +136,25 @@ def _stand_in(t: LtcTensor) -> torch.Tensor:
     return torch.zeros(extent, dtype=m.dtype, device=t._ctx.backend_device).as_strided(m.shape, m.stride)
 
 
-def _check_like_eager(func: Any, info: OpInfo, full: list) -> None:
-    """Raise what eager raises for an op mixing floating-point dtypes that meta accepted."""
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
+    """Run the op once by eager on the backing device, on stand-ins, where meta may disagree
+    with it; return eager's result, or None when meta is trusted.
+
+    Two cases: inputs mixing floating-point dtypes, which meta accepts where eager kernels
+    refuse them (eager's error, raised here, at the user's line); and ops with several outputs
+    over bf16/fp16 inputs, whose auxiliary outputs meta types after CUDA (`native_layer_norm`'s
+    mean and rstd in float32) while the CPU kernels keep the input's dtype: the metas must be
+    the dtypes the device will produce, or the backward pass mixes dtypes eager never sees."""
     if func is _COPY:  # converting dtypes is what it is for
-        return
+        return None
     inputs = _lazy_inputs(full)
     floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
-    if len(floats) < 2:
-        return
+    several = isinstance(out, (tuple, list)) and len(out) > 1 and not floats.isdisjoint(_LOW)
+    if len(floats) < 2 and not several:
+        return None
 
     def real(v: Any) -> Any:
         if type(v) is LtcTensor:
@@ -151,4 +164,15 @@ def _check_like_eager(func: Any, info: OpInfo, full: list) -> None:
         if type(v) is list or type(v) is tuple:
             return [real(e) for e in v] if any(isinstance(e, torch.Tensor) for e in v) else v
         return v
-    call(func, info, [real(v) for v in full])
+    return call(func, info, [real(v) for v in full])
+
+
+def _with_dtypes_of(out: Any, eager: Any) -> Any:
+    """Meta outputs retyped as eager's (shapes and strides stay meta's)."""
+    if isinstance(out, torch.Tensor):
+        if isinstance(eager, torch.Tensor) and eager.dtype != out.dtype:
+            return torch.empty_strided(out.shape, out.stride(), dtype=eager.dtype, device=_META)
+        return out
+    if isinstance(out, (tuple, list)) and isinstance(eager, (tuple, list)) and len(out) == len(eager):
+        return type(out)(_with_dtypes_of(o, e) for o, e in zip(out, eager))
+    return out

@@ -36,6 +36,7 @@ from .. import metrics
 from . import shapes
 from .host import eager_fallback, scalar_node, seed_from, upload
 from .lazy_tensor import LtcTensor, make_tensor
+from .seam import NOT_A_STAND_IN, as_number, stand_ins
 
 aten = torch.ops.aten
 _SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
@@ -118,6 +119,8 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
             elif isinstance(v, torch.Tensor):
                 if v.dim() != 0 and v.device.type != "ltc":
                     raise _host_among_lazy(v, info)
+                if as_number(v) is not NOT_A_STAND_IN:   # a wrapped number (see seam.py)
+                    return trace(func, info, [_number_of(a) for a in full])
                 uploads = uploads or []
                 uploads.append((len(template), None, v))
                 template.append(None)
@@ -234,6 +237,11 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
         return make_tensor(ctx, node, 0, out_metas[0])
     outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(out_metas)]
     return _unflatten(outs, out_spec)
+
+
+def _number_of(v: Any) -> Any:
+    n = as_number(v) if isinstance(v, torch.Tensor) else NOT_A_STAND_IN
+    return v if n is NOT_A_STAND_IN else n
 
 
 def _with_uploads(full: Sequence, uploaded: list | None, ctx: DeviceContext) -> Sequence:
@@ -361,6 +369,8 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                 src += [f"    elif {a} is None:",
                         f"        {e} = None"]
             src += [f"    elif type({a}) is _Tensor and {a}.is_cpu and {a}.dim() == 0:",
+                    f"        if stand_ins and id({a}) in stand_ins:",   # a wrapped number: seam.py
+                    f"            return _trace(func, info, {full})",
                     f"        {e} = _UP",
                     "    else:",
                     f"        return _trace(func, info, {full})"]
@@ -410,7 +420,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                      _device=torch.device, _arena_get=arena.get,
                      _Tensor=torch.Tensor, _TREFS=_TREFS, _SREFS=_SREFS, SCALAR=SCALAR, _UP=_UP,
                      _INT64=_INT64, _is_wide=_is_wide, exact=exact, scalar_node=scalar_node,
-                     _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
+                     stand_ins=stand_ins, _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
                      make_tensor=make_tensor, _unflatten=_unflatten, config=config,
                      caller_location=caller_location)
     # named as a file of this package, so that `caller_location` looks past it to the user's line

@@ -1,0 +1,245 @@
+"""Where an `ltc` tensor meets one that is not lazy: writes into host tensors, below autograd.
+
+Design note.  Functionalization (a dispatch key every user-facing `ltc` tensor carries) runs each
+in-place or `out=` op as its functional twin and writes the result back into the functional
+target.  When the written tensor is *not* functional -- a CPU tensor written from an `ltc` one:
+`cpu.copy_(ltc)`, `load_state_dict` of an `ltc` checkpoint into a CPU model, DDP's C++ reducer
+copying a broadcast back into host memory, `cpu.add_(ltc)` -- PyTorch's generated kernels stop
+with an INTERNAL ASSERT ("mutating a non-functional tensor with a functional tensor is not
+allowed"; its codegen exempts only XLA, and only for `copy_`).  That is one class of problem, so
+it is caught at one place: a Python kernel in front of the Functionalize kernel of every aten op
+that writes a tensor argument (`torch.library.get_kernel` keeps the original to call):
+
+* every written tensor functional (all in-place ops on `ltc` tensors): the original kernel,
+  unchanged (one Python frame and a type test per written argument);
+* a host tensor written from `ltc` inputs: what eager does for the same mix of CPU and CUDA
+  tensors.  `copy_` reads its source and copies on the host (any dtype, broadcasting, views,
+  `non_blocking`: an explicit read, like `.cpu()`); `ltc` index tensors of a host `self` are
+  read to the host (eager moves indices to `self`'s device); anything else raises eager's
+  "Expected all tensors to be on the same device, but found at least two devices, ltc:0 and
+  cpu!" before anything is written, so both tensors stay as they were.
+
+Wrapped numbers (`x.add_(1)`: a Tensor slot holding a Python number) reach Python kernels as
+Python numbers, and `call_boxed` will not take a number for a Tensor.  They are passed on as
+0-dim host *stand-ins* that the op path turns back into the same numbers (`as_number`, used by
+`trace.py`), so the node traced is exactly the one traced without this module.
+
+Thread safety: the kernels keep no state but `stand_ins`, keyed by `id` of tensors alive for
+the duration of the call that made them (added before, removed after, single dict operations
+under the GIL), so a tracing thread only ever finds its own stand-ins.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import metrics
+from ..executor import graph_executor as gx
+from ..ir.schema import op_info
+from .lazy_tensor import unwrap
+
+_is_functional = torch._is_functional_tensor
+_Tensor = torch.Tensor
+aten = torch.ops.aten
+
+# -- wrapped numbers ------------------------------------------------------------------------------
+
+# the dtype eager gives a wrapped number of each Python type (`scalar_to_tensor`)
+_WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+_PU1 = torch._C.DispatchKey.PrivateUse1   # in the dispatch key set of every call on ltc tensors
+stand_ins: dict[int, Any] = {}   # id(0-dim host tensor) -> the Python number it stands for
+NOT_A_STAND_IN = object()
+
+
+def as_number(t: torch.Tensor) -> Any:
+    """The Python number a 0-dim host tensor stands for, or `NOT_A_STAND_IN`."""
+    return stand_ins.get(id(t), NOT_A_STAND_IN) if stand_ins else NOT_A_STAND_IN
+
+
+def _number_tensor(v: Any, register: bool, made: list) -> Any:
+    dtype = _WRAPPED_DTYPE.get(type(v))
+    if dtype is None:
+        return v
+    t = torch.tensor(v, dtype=dtype)
+    if register:
+        stand_ins[id(t)] = v
+        made.append(t)
+    return t
+
+
+_originals: dict[Any, Any] = {}   # op -> its original Functionalize kernel (`register`)
+_siblings: dict[tuple, Any] = {}   # (op, Tensor slots holding numbers) -> Scalar overload | None
+
+
+def _scalar_sibling(op: Any, numbers: tuple) -> Any:
+    """The overload of `op` that takes Scalars where `op` takes the Tensors at `numbers`
+    (`add_.Scalar` for `add_.Tensor`), everything else alike; None if there is none."""
+    key = (op, numbers)
+    if key not in _siblings:
+        found = None
+        mine = op._schema.arguments
+        packet = getattr(aten, op._schema.name[6:])
+        for name in packet.overloads():
+            cand = getattr(packet, name)
+            theirs = cand._schema.arguments
+            if cand is op or cand not in _originals or len(theirs) != len(mine):
+                continue
+            if all(a.name == b.name and (isinstance(b.type, torch._C.NumberType) if i in numbers
+                                          else str(a.type) == str(b.type))
+                   for i, (a, b) in enumerate(zip(mine, theirs))):
+                found = cand
+                break
+        _siblings[key] = found
+    return _siblings[key]
+
+
+def _call(op: Any, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> Any:
+    """The original Functionalize kernel of `op`.  A number in a Tensor slot (which
+    `call_boxed` refuses) goes to the overload taking a Scalar there (`add_.Scalar`: what eager's
+    wrapped numbers mean); without one, it is passed as a 0-dim host tensor of its wrapped
+    dtype, a stand-in for calls on `ltc` tensors."""
+    numbers = tuple(i for i, name in slots
+                    if (i < len(args) and type(args[i]) in _WRAPPED_DTYPE)
+                    or (i >= len(args) and type(kwargs.get(name)) in _WRAPPED_DTYPE))
+    if not numbers:
+        return _originals[op].call_boxed(ks, *args, **kwargs)
+    sibling = _scalar_sibling(op, numbers)
+    if sibling is not None:
+        return _originals[sibling].call_boxed(ks, *args, **kwargs)
+    register = ks.has(_PU1)
+    made: list[torch.Tensor] = []
+    try:
+        for i, name in slots:
+            if i < len(args):
+                args = args[:i] + (_number_tensor(args[i], register, made),) + args[i + 1:]
+            elif name in kwargs:
+                kwargs = {**kwargs, name: _number_tensor(kwargs[name], register, made)}
+        return _originals[op].call_boxed(ks, *args, **kwargs)
+    finally:
+        for t in made:
+            stand_ins.pop(id(t), None)
+
+
+# -- the seam -------------------------------------------------------------------------------------
+
+def _tensors(v: Any) -> list[torch.Tensor]:
+    if isinstance(v, _Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [e for e in v if isinstance(e, _Tensor)]
+    return []
+
+
+def _lazy(t: torch.Tensor) -> bool:
+    return _is_functional(t) and t.device.type == "ltc"
+
+
+def _host(t: torch.Tensor) -> bool:
+    """A written tensor functionalization cannot write: not functional, not an `ltc` tensor
+    below functionalization (the engine's own)."""
+    return not _is_functional(t) and t.device.type != "ltc"
+
+
+def read(t: torch.Tensor) -> torch.Tensor:
+    """The value of an `ltc` tensor on its backing device (an explicit read, like `.cpu()`)."""
+    metrics.counter("TensorToHost")
+    return gx.read([unwrap(t)])[0]
+
+
+def _mismatch(lazy: torch.Tensor, host: torch.Tensor, name: str) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{lazy.device} and {host.device}! (when checking arguments for {name}: a {host.device} "
+        f"tensor cannot be written from {lazy.device.type} tensors in place; read them first, "
+        f"e.g. with .cpu(), or copy with {host.device.type}_tensor.copy_(ltc_tensor))")
+
+
+_COPIES = {aten.copy_.default, aten._foreach_copy_.default}
+
+
+def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
+    """A host tensor written from `ltc` inputs: eager's answer for the same CPU/CUDA mix."""
+    full = info.bind(args, kwargs)
+    written = set(info.written)
+    host = next(t for i in info.written for t in _tensors(full[i]) if _host(t))
+    lazy = [(i, t) for i, v in enumerate(full) if i not in written for t in _tensors(v) if _lazy(t)]
+    if op in _COPIES:
+        src = full[1]
+        with torch.no_grad():
+            if isinstance(src, _Tensor):
+                value = read(src) if _lazy(src) else src
+            else:
+                value = [read(s) if _lazy(s) else s for s in src]
+            op(full[0], value, *full[2:])
+        return full[0]
+    if all(i in info.index_lists for i, _ in lazy):
+        # eager moves index tensors to `self`'s device (`make_info` in TensorAdvancedIndexing)
+        for i in {i for i, _ in lazy}:
+            full[i] = [read(e).to(host.device) if isinstance(e, _Tensor) and _lazy(e) else e
+                       for e in full[i]]
+        a, k = info.split(full)
+        return op(*a, **k)
+    raise _mismatch(lazy[0][1], host, info.name)
+
+
+def _kernel(op: Any) -> Callable[..., Any]:
+    schema = op._schema
+    written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                    if a.alias_info is not None and a.alias_info.is_write)
+    slots = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                  if isinstance(a.type, torch._C.TensorType)
+                  and not (a.alias_info is not None and a.alias_info.is_write))
+
+    def kernel(ks: Any, *args: Any, **kwargs: Any) -> Any:
+        for i, name in written:
+            v = args[i] if i < len(args) else kwargs.get(name)
+            if isinstance(v, _Tensor):
+                if _host(v):
+                    break
+            elif isinstance(v, (list, tuple)) and any(_host(t) for t in v if isinstance(t, _Tensor)):
+                break
+        else:
+            return _call(op, ks, args, kwargs, slots)
+        info = op_info(op)   # per op, on its first seam call: most ops never get here
+        if not any(_lazy(t) for i, v in enumerate(info.bind(args, kwargs)) for t in _tensors(v)):
+            return _call(op, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
+        return _seam(op, info, args, kwargs)
+    return kernel
+
+
+def _written_ops() -> list[Any]:
+    """aten overloads that write a tensor argument and have their own Functionalize kernel."""
+    found = []
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::"):
+            continue
+        if not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            continue
+        packet = getattr(aten, schema.name[6:], None)
+        op = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+        if op is None:
+            continue
+        try:
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Functionalize"):
+                found.append(op)
+        except RuntimeError:  # a schema without a registered operator
+            continue
+    return found
+
+
+_libs: list = []
+
+
+def register() -> None:
+    """Put the seam kernel in front of every written op's Functionalize kernel (once)."""
+    import warnings
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "Overriding a previously registered kernel": meant
+        ops = _written_ops()
+        for op in ops:
+            _originals[op] = torch.library.get_kernel(op, "Functionalize")
+        for op in ops:
+            lib.impl(op, _kernel(op), "Functionalize", with_keyset=True)
+    _libs.append(lib)

@@ -1,0 +1,267 @@
+"""Where ltc tensors meet CPU tensors, as users' programs mix them: copies both ways,
+checkpoints, CPU scalars, Python numbers, refused mixes, module fast paths.  Every result is
+compared with eager (the same program on CPU tensors); a refused mix must raise a RuntimeError
+naming both devices (what eager CUDA raises) and leave both tensors unchanged and usable."""
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ltc_async as ltc
+
+D = "ltc:0"
+
+
+def _no_internal(e: BaseException) -> None:
+    text = str(e)
+    assert "INTERNAL ASSERT" not in text and "Internal error" not in text, text
+
+
+# -- copies ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("src_dtype,dst_dtype", [
+    (torch.float32, torch.float32), (torch.float32, torch.float64), (torch.float64, torch.bfloat16),
+    (torch.int64, torch.float32), (torch.float32, torch.int32), (torch.bool, torch.float16),
+    (torch.bfloat16, torch.float32), (torch.complex64, torch.complex128)])
+def test_host_tensor_takes_a_copy_of_an_ltc_tensor_in_any_dtype(src_dtype, dst_dtype):
+    src = (torch.arange(12).reshape(3, 4) - 5).to(src_dtype)
+    dst = torch.zeros(3, 4, dtype=dst_dtype)
+    out = dst.copy_(src.to(D))
+    assert out is dst
+    torch.testing.assert_close(dst, torch.zeros(3, 4, dtype=dst_dtype).copy_(src))
+
+
+def test_host_copies_broadcast_write_into_views_and_accept_non_blocking():
+    src = torch.randn(4)
+    lazy = src.to(D)
+    dst = torch.zeros(3, 4)
+    dst.copy_(lazy)                                  # broadcast over rows
+    torch.testing.assert_close(dst, src.expand(3, 4))
+    dst = torch.zeros(4, 6)
+    dst[:, 1:5].t().copy_(torch.arange(16.).reshape(4, 4).to(D), non_blocking=True)
+    want = torch.zeros(4, 6)
+    want[:, 1:5].t().copy_(torch.arange(16.).reshape(4, 4))
+    torch.testing.assert_close(dst, want)
+    # the source stays an ordinary, usable ltc tensor
+    torch.testing.assert_close((lazy * 2).cpu(), src * 2)
+
+
+def test_host_copy_of_a_pending_result_waits_for_it():
+    x = torch.randn(5, 5)
+    lazy = x.to(D)
+    y = lazy @ lazy + 1                             # pending: not computed yet
+    dst = torch.empty(5, 5)
+    dst.copy_(y)
+    torch.testing.assert_close(dst, x @ x + 1)
+
+
+def test_copy_gradients_flow_back_to_the_ltc_source():
+    w = torch.randn(3, requires_grad=True)
+    lw = w.detach().to(D).requires_grad_()
+    host = torch.zeros(3)
+    host.copy_(lw * 2)
+    host.sum().backward()
+    ref = torch.zeros(3)
+    ref.copy_(w * 2)
+    ref.sum().backward()
+    torch.testing.assert_close(lw.grad.cpu(), w.grad)
+
+
+@pytest.mark.parametrize("value", [7, 2.5, True])
+def test_python_number_as_copy_source(value):
+    v = torch.zeros(2, 4, device=D)
+    v.view(-1).copy_(value)
+    v[1].copy_(value)
+    want = torch.zeros(2, 4)
+    want.view(-1).copy_(value)
+    torch.testing.assert_close(v.cpu(), want)
+
+
+def test_ltc_tensor_takes_host_values_of_any_shape_that_broadcasts():
+    v = torch.zeros(3, 4, device=D)
+    v.copy_(torch.arange(4.))
+    v[0].copy_(torch.tensor(9.))                     # a 0-dim host tensor
+    want = torch.zeros(3, 4)
+    want.copy_(torch.arange(4.))
+    want[0].copy_(torch.tensor(9.))
+    torch.testing.assert_close(v.cpu(), want)
+
+
+# -- CPU scalars and refused mixes ----------------------------------------------------------------
+
+def test_cpu_zero_dim_tensors_act_as_scalars_on_both_sides():
+    x = torch.randn(4, 3)
+    s = torch.tensor(1.5)
+    lx = x.to(D)
+    cases = [lambda a, b: a + b, lambda a, b: b * a, lambda a, b: torch.where(a > 0, a, b),
+             lambda a, b: torch.clamp(a, min=b), lambda a, b: torch.lerp(a, a * 2, b),
+             lambda a, b: a.masked_fill(a > 0, b), lambda a, b: torch.maximum(a, b)]
+    for f in cases:
+        torch.testing.assert_close(f(lx, s).cpu(), f(x, s))
+    y = torch.zeros(4, 3, device=D)
+    y.add_(s)
+    y.mul_(s)
+    torch.testing.assert_close(y.cpu(), torch.zeros(4, 3).add_(s).mul_(s))
+
+
+@pytest.mark.parametrize("write", [
+    lambda c, l: c.add_(l), lambda c, l: c.mul_(l), lambda c, l: c.sub_(l, alpha=2),
+    lambda c, l: c.masked_fill_(l > 0, 1.0),
+    lambda c, l: c.index_put_((torch.tensor([0, 2]),), l[:2]),
+    lambda c, l: torch.add(l, l, out=c),
+    lambda c, l: c[0].add_(l[0]),
+    lambda c, l: c.addcmul_(l, l),
+], ids=["add_", "mul_", "sub_", "masked_fill_", "index_put_", "add_out", "view_add_", "addcmul_"])
+def test_writing_a_host_tensor_from_ltc_tensors_raises_like_eager_cuda(write):
+    host = torch.arange(4.)
+    lazy = torch.ones(4).to(D)
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device.*ltc:0 and cpu") as e:
+        write(host, lazy)
+    _no_internal(e.value)
+    # both unchanged and usable
+    torch.testing.assert_close(host, torch.arange(4.))
+    torch.testing.assert_close((lazy + host.to(D)).cpu(), torch.arange(4.) + 1)
+
+
+def test_host_self_indexed_by_ltc_indices_is_written_on_the_host():
+    host = torch.zeros(5)
+    idx = torch.tensor([1, 3]).to(D)
+    host.index_put_((idx,), torch.tensor([7., 8.]))
+    torch.testing.assert_close(host, torch.tensor([0., 7., 0., 8., 0.]))
+
+
+def test_ltc_written_from_full_host_tensors_raises_naming_both_devices():
+    lazy = torch.zeros(3, device=D)
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device.*cpu"):
+        lazy.add_(torch.ones(3))
+    torch.testing.assert_close(lazy.cpu(), torch.zeros(3))
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.BatchNorm1d(8), nn.Linear(8, 3))
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, device: str | None, steps: int = 2) -> None:
+    g = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+        if device:
+            x, y = x.to(device), y.to(device)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if device:
+            ltc.mark_step()
+
+
+def _assert_same(a: nn.Module, b: nn.Module) -> None:
+    for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x.cpu(), y.cpu(), msg=n)
+
+
+@pytest.mark.parametrize("load", [dict(), dict(weights_only=True), dict(map_location="cpu")],
+                         ids=["plain", "weights_only", "map_location_cpu"])
+def test_checkpoint_of_an_ltc_model_loads_into_a_cpu_model_and_optimizer(load):
+    eager = _mlp()
+    lazy = copy.deepcopy(eager).to(D)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2)
+    _train(eager, opt_e, None)
+    _train(lazy, opt_l, D)
+    f = io.BytesIO()
+    torch.save({"model": lazy.state_dict(), "opt": opt_l.state_dict()}, f)
+    f.seek(0)
+    ckpt = torch.load(f, **load)
+    cpu_model = _mlp()
+    cpu_model.load_state_dict(ckpt["model"])            # every tensor copied into CPU memory
+    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-2)
+    cpu_opt.load_state_dict(ckpt["opt"])
+    _assert_same(cpu_model, eager)
+    # training resumes on the CPU exactly as the eager run continues
+    _train(cpu_model, cpu_opt, None)
+    _train(eager, opt_e, None)
+    _assert_same(cpu_model, eager)
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_cpu_checkpoint_loads_into_an_ltc_model(assign):
+    eager = _mlp()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    _train(eager, opt_e, None)
+    f = io.BytesIO()
+    torch.save(eager.state_dict(), f)
+    f.seek(0)
+    state = torch.load(f, weights_only=True)
+    lazy = _mlp().to(D)
+    lazy.load_state_dict(state, assign=assign)
+    _assert_same(lazy, eager)
+    assert all(p.device.type == ("cpu" if assign else "ltc") for p in lazy.parameters())
+    if not assign:
+        opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.9)
+        opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+        _train(lazy, opt_l, D)
+        _train(eager, opt_e, None)
+        _assert_same(lazy, eager)
+
+
+def test_ltc_state_dict_assigned_into_a_cpu_model_and_deepcopies():
+    lazy = _mlp().to(D)
+    cpu_model = _mlp()
+    cpu_model.load_state_dict(lazy.state_dict(), assign=True)
+    assert next(cpu_model.parameters()).device.type == "ltc"
+    _assert_same(cpu_model, lazy)
+    twin = copy.deepcopy(lazy)
+    _assert_same(twin, lazy)
+    with torch.no_grad():
+        twin[0].weight.add_(1)
+    assert not torch.equal(twin[0].weight.cpu(), lazy[0].weight.cpu())
+
+
+# -- module fast paths ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_transformer_encoder_eval_with_padding_mask_matches_eager_fast_path(final_norm):
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2,
+                                norm=nn.LayerNorm(16) if final_norm else None).eval()
+    x = torch.randn(3, 6, 16)
+    mask = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] + [True] * 5])
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=mask)        # eager: nested-tensor fast path
+        before = ltc.metrics.counter_value("EagerFallback")
+        got = enc.to(D)(x.to(D), src_key_padding_mask=mask.to(D))
+        assert got.device.type == "ltc"
+        assert ltc.metrics.counter_value("EagerFallback") == before
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_multihead_attention_fast_path_without_weights_matches_eager():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        want = mha(x, x, x, need_weights=False, key_padding_mask=mask)[0]
+        lx = x.to(D)
+        got = mha.to(D)(lx, lx, lx, need_weights=False, key_padding_mask=mask.to(D))[0]
+    torch.testing.assert_close(got.cpu(), want)
+
+
+# -- bf16 through a transformer, forward and backward ----------------------------------------------
+
+def test_bf16_transformer_layer_backward_matches_eager():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0).to(torch.bfloat16)
+    lazy = copy.deepcopy(layer).to(D)
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    layer(x).float().pow(2).mean().backward()
+    lazy(x.to(D)).float().pow(2).mean().backward()
+    for (n, a), (_, b) in zip(lazy.named_parameters(), layer.named_parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=2e-2, atol=2e-2, msg=n)
