@@ -98,7 +98,7 @@ def test_cpu_zero_dim_tensors_act_as_scalars_on_both_sides():
     s = torch.tensor(1.5)
     lx = x.to(D)
     cases = [lambda a, b: a + b, lambda a, b: b * a, lambda a, b: torch.where(a > 0, a, b),
-             lambda a, b: torch.clamp(a, min=b), lambda a, b: torch.lerp(a, a * 2, b),
+             lambda a, b: torch.lerp(a, a * 2, b),
              lambda a, b: a.masked_fill(a > 0, b), lambda a, b: torch.maximum(a, b)]
     for f in cases:
         torch.testing.assert_close(f(lx, s).cpu(), f(x, s))
@@ -106,6 +106,27 @@ def test_cpu_zero_dim_tensors_act_as_scalars_on_both_sides():
     y.add_(s)
     y.mul_(s)
     torch.testing.assert_close(y.cpu(), torch.zeros(4, 3).add_(s).mul_(s))
+
+
+def test_cpu_zero_dim_tensors_are_refused_where_eager_cuda_refuses_them():
+    # PyTorch's generated CUDA wrappers check devices for ops not declared `device_check: NoCheck`
+    # (clamp.Tensor, mm): a CPU 0-dim tensor is no scalar there
+    x = torch.randn(4, 3)
+    lx = x.to(D)
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device.*ltc:0 and cpu"):
+        torch.clamp(lx, min=torch.tensor(0.0))
+    torch.testing.assert_close(torch.clamp(lx, min=torch.tensor(0.0).to(D)).cpu(), x.clamp(min=0.0))
+    torch.testing.assert_close(torch.clamp(lx, min=0.0).cpu(), x.clamp(min=0.0))
+
+
+def test_scatter_views_copy_host_sources_as_eager_does():
+    # slice_scatter and kin are clone + copy_ in eager: a host source is copied, on CUDA too
+    base = torch.zeros(4, 6)
+    src = torch.arange(12.).reshape(4, 3)
+    got = torch.slice_scatter(base.to(D), src, dim=1, start=0, end=6, step=2)
+    torch.testing.assert_close(got.cpu(), torch.slice_scatter(base, src, dim=1, start=0, end=6, step=2))
+    got = torch.diagonal_scatter(base.to(D), torch.ones(4))
+    torch.testing.assert_close(got.cpu(), torch.diagonal_scatter(base, torch.ones(4)))
 
 
 @pytest.mark.parametrize("write", [

@@ -58,13 +58,18 @@ def _arg_kind(t: torch._C.JitType) -> int:
     return NUM_CONST if _holds_numbers(t) else CONST
 
 
+_COPIED = {"slice_scatter": ("src",), "select_scatter": ("src",), "diagonal_scatter": ("src",),
+           "as_strided_scatter": ("src",),
+           "resize_as": ("the_template",), "resize_as_": ("the_template",)}
+
+
 class OpInfo:
     """Schema facts about one `OpOverload`, cached (see `op_info`)."""
 
     __slots__ = ("op", "name", "qualname", "counter", "identity", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded", "n_args", "default_tails",
                  "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin",
-                 "index_lists")
+                 "index_lists", "copied")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -98,6 +103,10 @@ class OpInfo:
         # allowed beside device tensors, as on eager CUDA; `Tensor[]` ones (`cat`) must match
         self.index_lists = frozenset(i for i, a in enumerate(schema.arguments)
                                      if self.kinds[i] == TENSOR_LIST and _is_optional_tensor_list(a.type))
+        # Arguments eager only copies from, so a host tensor there is taken as it is on CUDA
+        # (`slice_scatter` and kin are `clone` + `copy_`, `resize_as` reads a shape)
+        wanted = _COPIED.get(schema.name.split("::")[-1], ())
+        self.copied = frozenset(i for i, a in enumerate(schema.arguments) if a.name in wanted)
         self.has_generator = GENERATOR in self.kinds
         tags = op.tags
         self.seeded = torch.Tag.nondeterministic_seeded in tags

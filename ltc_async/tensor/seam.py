@@ -61,6 +61,8 @@ def _number_tensor(v: Any, register: bool, made: list) -> Any:
     dtype = _WRAPPED_DTYPE.get(type(v))
     if dtype is None:
         return v
+    if dtype is torch.int64 and not -(1 << 63) <= v < (1 << 63):
+        dtype = torch.uint64   # eager's wrapped number for ints up to 2**64 - 1 (else it raises)
     t = torch.tensor(v, dtype=dtype)
     if register:
         stand_ins[id(t)] = v
@@ -173,6 +175,8 @@ def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
                 value = [read(s) if _lazy(s) else s for s in src]
             op(full[0], value, *full[2:])
         return full[0]
+    if op is aten.resize_as_.default:   # reads the template's shape only
+        return aten.resize_.default(full[0], list(full[1].shape), memory_format=full[2])
     if all(i in info.index_lists for i, _ in lazy):
         # eager moves index tensors to `self`'s device (`make_info` in TensorAdvancedIndexing)
         for i in {i for i, _ in lazy}:

@@ -27,7 +27,7 @@ from .host import eager_layout, transfer, upload
 from .inplace import type_name
 from . import lazy_tensor
 from .lazy_tensor import LtcTensor, make_tensor, wrap
-from .trace import trace
+from .trace import check_host_arguments, trace
 
 aten = torch.ops.aten
 _LEGIT = aten._native_batch_norm_legit_functional.default
@@ -100,6 +100,7 @@ def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     stat tensors at its new values: they are the inner tensors of the module's buffers."""
     info = op_info(func)
     full = info.bind(args, kwargs)
+    check_host_arguments(info, full)
     inp, weight, bias, rmean, rvar, training, momentum, eps = full
     if not training or rmean is None or rvar is None:
         metrics.counter("ltc::native_batch_norm")

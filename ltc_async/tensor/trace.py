@@ -27,6 +27,7 @@ import torch
 from .._config import config
 from ..executor import arena
 from ..executor.device import DeviceContext, caller_location
+from ..ir.device_checks import takes_cpu_scalars
 from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, TensorMeta, exact
 from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
 from ..ir.schema import SCALAR as K_SCALAR
@@ -59,6 +60,28 @@ def _host_among_lazy(v: torch.Tensor, info: OpInfo) -> RuntimeError:
     return RuntimeError(f"Expected all tensors to be on the same device, but found a {v.device} tensor of "
                         f"shape {tuple(v.shape)} among ltc tensors (when checking arguments for "
                         f"{info.name}); move it with .to('ltc:N')")
+
+
+def check_host_arguments(info: OpInfo, full: Sequence) -> None:
+    """Raise eager CUDA's device error for host tensors an op would not take (for handlers that
+    bypass `trace`'s argument loop): full host tensors outside index lists and copied arguments,
+    CPU 0-dim ones where the op takes no CPU scalars."""
+    for i, (k, v) in enumerate(zip(info.kinds, full)):
+        if (k == K_TENSOR or k == OPT_TENSOR) and isinstance(v, torch.Tensor) and \
+                type(v) is not LtcTensor and v.device.type != "ltc" and i not in info.copied:
+            if v.dim() != 0:
+                raise _host_among_lazy(v, info)
+            if as_number(v) is NOT_A_STAND_IN and not takes_cpu_scalars(info.qualname):
+                raise _cpu_scalar_refused(v, info, full)
+
+
+def _cpu_scalar_refused(v: torch.Tensor, info: OpInfo, full: Sequence) -> RuntimeError:
+    lazy = next((a for a in full if type(a) is LtcTensor), None)
+    where = lazy._ctx.device if lazy is not None else "ltc"
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                        f"devices, {where} and {v.device}! (when checking arguments for {info.name}: "
+                        f"it takes no CPU 0-dim tensor as a scalar, as on CUDA; pass a Python number "
+                        f"or move it with .to('{where}'))")
 
 
 def _is_wide(v: Any) -> bool:
@@ -117,10 +140,13 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
             elif v is None:
                 template.append(None)
             elif isinstance(v, torch.Tensor):
-                if v.dim() != 0 and v.device.type != "ltc":
-                    raise _host_among_lazy(v, info)
-                if as_number(v) is not NOT_A_STAND_IN:   # a wrapped number (see seam.py)
-                    return trace(func, info, [_number_of(a) for a in full])
+                if v.device.type != "ltc" and len(template) not in info.copied:
+                    if v.dim() != 0:
+                        raise _host_among_lazy(v, info)
+                    if as_number(v) is not NOT_A_STAND_IN:   # a wrapped number (see seam.py)
+                        return trace(func, info, [_number_of(a) for a in full])
+                    if not takes_cpu_scalars(info.qualname):
+                        raise _cpu_scalar_refused(v, info, full)
                 uploads = uploads or []
                 uploads.append((len(template), None, v))
                 template.append(None)
@@ -170,7 +196,7 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
                 elif e is None:
                     refs.append(None)
                 else:  # host tensors in index lists are allowed, as in eager CUDA
-                    if len(template) not in info.index_lists:
+                    if len(template) not in info.index_lists and len(template) not in info.copied:
                         raise _host_among_lazy(e, info)
                     uploads = uploads or []
                     uploads.append((len(template), j, e))
@@ -368,11 +394,12 @@ def make_plan(func: Any, info: OpInfo) -> Any:
             if k == OPT_TENSOR:
                 src += [f"    elif {a} is None:",
                         f"        {e} = None"]
-            src += [f"    elif type({a}) is _Tensor and {a}.is_cpu and {a}.dim() == 0:",
-                    f"        if stand_ins and id({a}) in stand_ins:",   # a wrapped number: seam.py
-                    f"            return _trace(func, info, {full})",
-                    f"        {e} = _UP",
-                    "    else:",
+            if takes_cpu_scalars(info.qualname):   # else `trace` raises eager CUDA's error
+                src += [f"    elif type({a}) is _Tensor and {a}.is_cpu and {a}.dim() == 0:",
+                        f"        if stand_ins and id({a}) in stand_ins:",   # a wrapped number: seam.py
+                        f"            return _trace(func, info, {full})",
+                        f"        {e} = _UP"]
+            src += ["    else:",
                     f"        return _trace(func, info, {full})"]
         elif k == CONST:
             src += [f"    {e} = tuple({a}) if type({a}) is list else {a}"]

@@ -601,8 +601,68 @@ def observe_step(draw: Any, gen: Gen) -> Step | None:
     return Step(f"ltc.{how}()", step, (), out=False)
 
 
+# binary ops eager CUDA lets a CPU 0-dim tensor join as a scalar (declared `device_check:
+# NoCheck`, TensorIterator kernels)
+CPU_SCALAR_BINARY = {"add": torch.add, "mul": torch.mul, "sub": torch.sub, "div": torch.div,
+                     "maximum": torch.maximum, "atan2": torch.atan2, "eq": torch.eq,
+                     "where": lambda a, b: torch.where(a > 0, a, b), "rsub": lambda a, b: b - a}
+
+
+@st.composite
+def seam_step(draw: Any, gen: Gen) -> Step | None:
+    """ltc meeting CPU tensors where eager CUDA accepts the mix: a host tensor written from a
+    device one (`cpu.copy_(x)`, broadcast, another dtype, into a view), a device tensor written
+    from a host one or a Python number, a CPU 0-dim tensor as a scalar.  Host results are only
+    observed, never used again (any later mix with a device tensor would be refused)."""
+    pool = gen.tensors()
+    if not pool:
+        return None
+    a = draw(st.sampled_from(pool))
+    how = draw(st.sampled_from(["to_host", "to_host_view", "from_host", "number_src", "cpu_scalar"]))
+    dtype = draw(st.sampled_from(DTYPES))
+    seed = draw(st.integers(0, 2 ** 16))
+    if how == "to_host":
+        lead = draw(st.integers(0, 1))   # a broadcast row in front, or none
+
+        def to_host(ctx: Ctx, x: torch.Tensor) -> None:
+            h = torch.zeros((2,) * lead + tuple(x.shape), dtype=dtype)
+            h.copy_(x.detach(), non_blocking=draw_nb)
+            ctx.observed.append((f"host copy {len(ctx.observed)}", h))
+        draw_nb = draw(st.booleans())
+        return Step(f"torch.zeros({'(2,) + ' if lead else ''}{{0}}.shape, dtype={dtype}).copy_({{0}}"
+                    f"{', non_blocking=True' if draw_nb else ''})", to_host, (a,), out=False)
+    if how == "to_host_view":
+        def to_host_view(ctx: Ctx, x: torch.Tensor) -> None:
+            h = torch.zeros(tuple(x.shape)[::-1] + (3,), dtype=dtype)
+            h[..., 1].permute(*reversed(range(x.dim()))).copy_(x.detach())
+            ctx.observed.append((f"host view copy {len(ctx.observed)}", h))
+        return Step(f"torch.zeros(reversed {{0}}.shape + (3,), dtype={dtype})[..., 1].mT.copy_({{0}})",
+                    to_host_view, (a,), out=False)
+    if how == "from_host":
+        def from_host(ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
+            y = x.detach().clone()
+            y.copy_(_values(seed, tuple(x.shape), dtype, False))   # a host source, any dtype
+            return y
+        return Step(f"{{0}}.detach().clone().copy_(host values {dtype}, seed={seed})", from_host, (a,))
+    if how == "number_src":
+        # ints past int64: eager's copy_ takes them into 0-dim targets only (a corner of its own)
+        pair = draw(st.sampled_from([p for p in SCALAR_PAIRS
+                                     if all(-2 ** 63 <= v < 2 ** 63 for v in p if type(v) is int)]))
+
+        def number_src(ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
+            y = x.detach().clone()
+            y.view(-1).copy_(ctx.const(pair)) if y.is_contiguous() else y.copy_(ctx.const(pair))
+            return y
+        return Step(f"{{0}}.detach().clone().copy_({_fmt(pair)})", number_src, (a,))
+    name = draw(st.sampled_from(sorted(CPU_SCALAR_BINARY)))
+    op = CPU_SCALAR_BINARY[name]
+    value = _values(seed, (), dtype, False)
+    return Step(f"{name}({{0}}, torch.tensor({value.item()!r}, dtype={dtype}))",
+                lambda ctx, x: op(x, value.clone()), (a,))
+
+
 FAMILIES = [elementwise_step, elementwise_step, reduction_step, matmul_step, view_step, view_step,
-            inplace_step, inplace_step, indexing_step, observe_step, observe_step]
+            inplace_step, inplace_step, indexing_step, observe_step, observe_step, seam_step]
 
 
 @st.composite
