@@ -80,8 +80,33 @@ def _kernel(op: torch._ops.OpOverload) -> Any:
         def back(o: torch.Tensor) -> torch.Tensor:    # outputs aliasing written inputs are those inputs
             w = by_inner.get(id(o))
             return w if w is not None else (torch._to_functional_tensor(o) if o.device.type == "ltc" else o)
-        return tree_map_only(torch.Tensor, back, out)
+        result = tree_map_only(torch.Tensor, back, out)
+        if any(_is_work(r) for r in (result if isinstance(result, tuple) else (result,))):
+            # the Work's future holds the written tensors, as c10d's own do: DDP's reducer reads
+            # its bucket's result from it (`parseCppCommHookResult`)
+            value = [by_inner.get(id(v), v) for i in written
+                     for v in _tensors(inner_args[i] if i < len(args) else inner_kwargs.get(names[i]))]
+            result = _with_work(result, _completed_work(value))
+        return result
     return functionalized
+
+
+def _is_work(v: Any) -> bool:
+    return isinstance(v, torch._C.ScriptObject) and "Work" in str(v._type())
+
+
+def _completed_work(value: list) -> Any:
+    """A c10d Work whose future is done and holds `value` (the written tensors): the collective
+    is queued on the device, and every later use of a written tensor is ordered after it."""
+    done = torch.futures.Future()
+    done.set_result(value)
+    return torch._C._distributed_c10d._create_work_from_future(done).boxed()
+
+
+def _with_work(result: Any, work: Any) -> Any:
+    if isinstance(result, tuple):
+        return tuple(work if _is_work(r) else r for r in result)
+    return work if _is_work(result) else result
 
 
 def register() -> None:

@@ -5,7 +5,8 @@ op's schema once (`ir/schema.py`) and routes every call by what the schema says:
 
 * a few ops have explicit handlers (`special.py`: device transfers, uploads through `copy`,
   identity ops, batch norm's hidden running-stat update), a few are traced as the ops they
-  decompose into (`decompositions.py`: `_foreach_*` with scalar lists, the fused RNN cells);
+  decompose into (`decompositions.py`: `_foreach_*` with scalar lists, the fused RNN cells;
+  `strided.py`: `as_strided` views that are slices of a contiguous base);
 * ops that write their arguments with no functional form run on host copies (`host.py`);
 * ops returning non-tensors (`.item()`, `bool(t)`) sync their inputs (`host.py`);
 * everything else is traced into an IR node (`trace.py`), random ops through their
@@ -37,6 +38,7 @@ from . import collectives, lazy_tensor
 from .decompositions import BY_NAME, DECOMPOSITIONS
 from .host import host_op, mutating_host_op
 from .special import SPECIAL
+from .strided import DECOMPOSITIONS as STRIDED
 from .trace import make_plan, trace
 
 # How each op overload is handled, decided on its first call and kept by id (OpOverload.__hash__
@@ -47,7 +49,8 @@ _routes: dict[int, Callable[[tuple, dict | None], Any]] = {}
 
 def _route(func: torch._ops.OpOverload) -> Callable[[tuple, dict | None], Any]:
     info = op_info(func)
-    handler = SPECIAL.get(func) or DECOMPOSITIONS.get(func) or BY_NAME.get(info.qualname)
+    handler = (SPECIAL.get(func) or DECOMPOSITIONS.get(func) or STRIDED.get(func)
+               or BY_NAME.get(info.qualname))
     if handler is not None:
         def route(args: tuple, kwargs: dict | None) -> Any:
             return handler(func, args, kwargs or {})
