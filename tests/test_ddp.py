@@ -194,3 +194,27 @@ def test_collective_on_a_view_writes_through_to_the_base():
     outs = _launch(["-c", _VIEW], 2, timeout=120)
     for r, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
+
+
+# -- PyTorch's own DistributedDataParallel --------------------------------------------------------
+
+TORCH_DDP = os.path.join(HERE, "torch_ddp_worker.py")
+
+
+@pytest.mark.parametrize("variant,world", [
+    ("default", 2), ("default", 4), ("bucket_view", 2), ("no_sync", 2), ("allreduce_hook", 2),
+    ("fp16_hook", 2), ("batchnorm", 2), ("zero", 2),
+    pytest.param("static_graph", 2, marks=pytest.mark.xfail(strict=True, reason=(
+        "the reducer allocates pinned host memory for the used-parameter map of a PrivateUse1 "
+        "device, and PyTorch's Python PrivateUse1 hooks cannot provide a pinned allocator"))),
+    pytest.param("find_unused", 2, marks=pytest.mark.xfail(strict=True, reason=(
+        "as static_graph: the used-parameter map needs a PrivateUse1 pinned allocator"))),
+])
+def test_torch_ddp_wraps_an_ltc_model_and_trains_like_the_reference(variant, world):
+    outs = _launch([TORCH_DDP], world, {"VARIANT": variant}, timeout=180)
+    for r, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
+        assert f"rank {r} {variant} ok" in out, out
+        counts = eval(out.split(" ok ")[1])          # noqa: S307 - our own worker's dict
+        assert not any(k.startswith("EagerFallback") for k in counts), counts
+        assert counts.get("Collective::allreduce_", 0) >= 4, counts   # queued on the device
