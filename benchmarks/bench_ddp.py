@@ -1,5 +1,6 @@
-"""DistributedDataParallel over gloo: 1 vs 2 processes, ltc_async (its DDP drop-in on `ltc:0`)
-beside PyTorch's DDP on eager CPU tensors, in the same processes and the same run.
+"""DistributedDataParallel over gloo: 1 vs 2 processes, PyTorch's own DDP on `ltc:0` and
+ltc_async's DDP drop-in on `ltc:0` beside PyTorch's DDP on eager CPU tensors, in the same
+processes and the same run.
 
     python benchmarks/bench_ddp.py [--steps 30] [--rounds 3]
 
@@ -42,11 +43,11 @@ def _rank_main(steps: int, rounds: int) -> None:
     x = torch.randn(512 // world, 256)
     y = torch.randint(0, 10, (512 // world,))
 
-    def run(device: str | None) -> tuple[float, float]:
+    def run(device: str | None, own: bool = False) -> tuple[float, float]:
         m = model()
         if device:
             m = m.to(device)
-            net = DistributedDataParallel(m)
+            net = DistributedDataParallel(m) if own else torch.nn.parallel.DistributedDataParallel(m)
             xb, yb = x.to(device), y.to(device)
         else:
             net = torch.nn.parallel.DistributedDataParallel(m)
@@ -85,10 +86,11 @@ def _rank_main(steps: int, rounds: int) -> None:
                 med(host) if host else 0.0)
 
     eager_rate = run(None)[0]
+    own_rate = run("ltc:0", own=True)[0]
     lazy_rate, lazy_busy, comm_s, host_s = run("ltc:0")
     if rank == 0:
-        print(f"RESULT {world} {eager_rate:.2f} {lazy_rate:.2f} {lazy_busy:.3f} {comm_s:.6f} {host_s:.6f}",
-              flush=True)
+        print(f"RESULT {world} {eager_rate:.2f} {lazy_rate:.2f} {lazy_busy:.3f} {comm_s:.6f} {host_s:.6f} "
+              f"{own_rate:.2f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -115,14 +117,16 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     res = {w: _launch(w, args.steps, args.rounds) for w in (1, 2)}
-    print("| processes | eager torch DDP (steps/s) | ltc_async DDP (steps/s) | ltc / eager | ltc device busy "
+    print("| processes | torch DDP, eager CPU (steps/s) | torch DDP on ltc (steps/s) | ltc / eager "
+          "| ltc_async's own DDP on ltc (steps/s) | own / torch DDP on ltc | ltc device busy "
           "| all-reduce per step (device queue) | host time in it per step | hidden from the host |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for w, (e, l, b, c, h) in res.items():
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w, (e, l, b, c, h, o) in res.items():
         hidden = f"{1 - h / c:.0%}" if c > 0 else "n/a"
-        print(f"| {w} | {e:.2f} | {l:.2f} | {l / e:.2f}x | {b:.0%} | {c * 1e3:.2f} ms | {h * 1e3:.3f} ms | {hidden} |")
+        print(f"| {w} | {e:.2f} | {l:.2f} | {l / e:.2f}x | {o:.2f} | {o / l:.2f}x | {b:.0%} "
+              f"| {c * 1e3:.2f} ms | {h * 1e3:.3f} ms | {hidden} |")
     print(f"\nscaling 1 -> 2 processes: eager {res[2][0] / res[1][0]:.2f}x, "
-          f"ltc_async {res[2][1] / res[1][1]:.2f}x")
+          f"torch DDP on ltc {res[2][1] / res[1][1]:.2f}x, own DDP {res[2][5] / res[1][5]:.2f}x")
     return 0
 
 

@@ -4,11 +4,13 @@
     LTC_ASYNC_DEVICES=cpu,cpu torchrun --nproc-per-node=2 examples/ddp_train.py   # 2 lazy devices per process
 
 Each rank trains a replica on its shard of every batch with `ltc_async.parallel.
-DistributedDataParallel` (the drop-in for `torch.nn.parallel.DistributedDataParallel`, see the
-README for why PyTorch's own cannot run on lazy devices), prints its progress, and rank 0 checks
-the final model against single-process eager training on the full batches.
+DistributedDataParallel` (the drop-in for `torch.nn.parallel.DistributedDataParallel`, faster
+on lazy devices: one collective per step; `DDP_IMPL=torch` runs PyTorch's own), prints its
+progress, and rank 0 checks the final model against single-process eager training on the full
+batches.
 
-Options (environment): `DDP_STEPS` (default 30), `DDP_ACCUMULATE` (micro-batches per step with
+Options (environment): `DDP_IMPL=torch` (PyTorch's own DistributedDataParallel on the `ltc`
+model instead of ltc_async's drop-in), `DDP_STEPS` (default 30), `DDP_ACCUMULATE` (micro-batches per step with
 `no_sync()`, default 1), `DDP_BATCHNORM=1` (a BatchNorm layer: buffers broadcast from rank 0,
 checked against PyTorch's DDP on CPU tensors instead of single-process training).
 """
@@ -91,8 +93,10 @@ def main() -> int:
                   f"({time.perf_counter() - t0:.1f}s)", flush=True)
 
     model = make_model(batchnorm)
-    lazy = train(copy.deepcopy(model).to(device), data, micro, rank, world, device,
-                 DistributedDataParallel, report)
+    impl = torch.nn.parallel.DistributedDataParallel if os.environ.get("DDP_IMPL") == "torch" \
+        else DistributedDataParallel
+    lazy = train(copy.deepcopy(model).to(device), data, micro, rank, world, device, impl, report)
+    ltc.wait_device_ops()   # queued collectives issued before the reference's host ones
     got = [t.detach().cpu() for t in list(lazy.parameters()) + list(lazy.buffers())]
     if batchnorm:   # the reference: PyTorch's own DDP on CPU tensors, same processes
         ref = train(copy.deepcopy(model), data, micro, rank, world, None,

@@ -47,7 +47,8 @@ def _launch(args: list[str], world: int, env: dict | None = None, timeout: float
     (2, {"DDP_ACCUMULATE": "3"}, "single-process eager"),          # no_sync() accumulation
     (2, {"DDP_BATCHNORM": "1"}, "torch DDP on CPU"),               # buffers broadcast
     (2, {"LTC_ASYNC_DEVICES": "cpu,cpu"}, "single-process eager"),  # 2 lazy devices per process
-], ids=["2proc", "4proc", "no_sync", "batchnorm", "2devices_per_proc"])
+    (2, {"DDP_IMPL": "torch", "DDP_ACCUMULATE": "2"}, "single-process eager"),  # PyTorch's own DDP
+], ids=["2proc", "4proc", "no_sync", "batchnorm", "2devices_per_proc", "torch_ddp"])
 def test_ddp_example_trains_like_the_reference(world, env, reference):
     outs = _launch([EXAMPLE], world, {"DDP_STEPS": "12", **env})
     for r, (code, out, err) in enumerate(outs):

@@ -155,6 +155,33 @@ def test_host_self_indexed_by_ltc_indices_is_written_on_the_host():
     torch.testing.assert_close(host, torch.tensor([0., 7., 0., 8., 0.]))
 
 
+def test_host_tensor_read_through_ltc_indices_and_masks_gives_a_host_tensor():
+    host = torch.arange(10.).reshape(5, 2)
+    idx = torch.tensor([4, 0, 2])
+    mask = torch.tensor([True, False, True, True, False])
+    got = host[idx.to(D)]
+    assert got.device.type == "cpu" and not torch._is_functional_tensor(got)
+    torch.testing.assert_close(got, host[idx])
+    torch.testing.assert_close(host[mask.to(D)], host[mask])
+    got.add_(1)                                       # an ordinary host tensor
+    torch.testing.assert_close(got, host[idx] + 1)
+
+
+def test_foreach_copy_into_host_tensors_and_set_across_devices():
+    hosts = [torch.zeros(3), torch.zeros(2, 2)]
+    srcs = [torch.randn(3), torch.randn(2, 2)]
+    torch._foreach_copy_(hosts, [s.to(D) for s in srcs])
+    for h, s in zip(hosts, srcs):
+        torch.testing.assert_close(h, s)
+    lazy, host = torch.zeros(3, device=D), torch.ones(3)
+    for a, b in ((lazy, host), (host, lazy)):        # eager: a storage of another device
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device") as e:
+            a.set_(b)
+        _no_internal(e.value)
+    torch.testing.assert_close(lazy.cpu(), torch.zeros(3))
+    torch.testing.assert_close(host, torch.ones(3))
+
+
 def test_ltc_written_from_full_host_tensors_raises_naming_both_devices():
     lazy = torch.zeros(3, device=D)
     with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device.*cpu"):

@@ -12,6 +12,8 @@ that writes a tensor argument (`torch.library.get_kernel` keeps the original to 
 
 * every written tensor functional (all in-place ops on `ltc` tensors): the original kernel,
   unchanged (one Python frame and a type test per written argument);
+* a host tensor indexed by `ltc` indices (`host[ltc_idx]`, `index.Tensor`, the one read op
+  eager lets mix devices this way): read on the host, the result a host tensor;
 * a host tensor written from `ltc` inputs: what eager does for the same mix of CPU and CUDA
   tensors.  `copy_` reads its source and copies on the host (any dtype, broadcasting, views,
   `non_blocking`: an explicit read, like `.cpu()`); `ltc` index tensors of a host `self` are
@@ -149,15 +151,17 @@ def read(t: torch.Tensor) -> torch.Tensor:
     return gx.read([unwrap(t)])[0]
 
 
-def _mismatch(lazy: torch.Tensor, host: torch.Tensor, name: str) -> RuntimeError:
+def _mismatch(lazy: torch.Tensor, host: torch.Tensor, name: str, written_host: bool = True) -> RuntimeError:
+    why = (f": a {host.device} tensor cannot be written from {lazy.device.type} tensors in place; read "
+           f"them first, e.g. with .cpu(), or copy with {host.device.type}_tensor.copy_(ltc_tensor)"
+           if written_host else "")
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"{lazy.device} and {host.device}! (when checking arguments for {name}: a {host.device} "
-        f"tensor cannot be written from {lazy.device.type} tensors in place; read them first, "
-        f"e.g. with .cpu(), or copy with {host.device.type}_tensor.copy_(ltc_tensor))")
+        f"{lazy.device} and {host.device}! (when checking arguments for {name}{why})")
 
 
 _COPIES = {aten.copy_.default, aten._foreach_copy_.default}
+_SETS = {aten.set_.source_Tensor, aten.set_.source_Tensor_storage_offset}
 
 
 def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
@@ -174,7 +178,7 @@ def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
             else:
                 value = [read(s) if _lazy(s) else s for s in src]
             op(full[0], value, *full[2:])
-        return full[0]
+        return full[0] if op._schema.returns else None
     if op is aten.resize_as_.default:   # reads the template's shape only
         return aten.resize_.default(full[0], list(full[1].shape), memory_format=full[2])
     if all(i in info.index_lists for i, _ in lazy):
@@ -204,12 +208,25 @@ def _kernel(op: Any) -> Callable[..., Any]:
             elif isinstance(v, (list, tuple)) and any(_host(t) for t in v if isinstance(t, _Tensor)):
                 break
         else:
+            if op in _SETS and isinstance(args[1], _Tensor) and _host(args[1]):
+                # `ltc.set_(cpu)`: eager refuses a storage of another device; functionalization
+                # would say "not a FunctionalTensor. Please file an issue"
+                raise _mismatch(args[0], args[1], op_info(op).name, written_host=False)
             return _call(op, ks, args, kwargs, slots)
         info = op_info(op)   # per op, on its first seam call: most ops never get here
         if not any(_lazy(t) for i, v in enumerate(info.bind(args, kwargs)) for t in _tensors(v)):
             return _call(op, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
         return _seam(op, info, args, kwargs)
     return kernel
+
+
+def _index_kernel(ks: Any, self: torch.Tensor, indices: list) -> Any:
+    """`host[ltc_idx]`: eager moves index tensors to `self`'s device (`make_info`), so the result
+    is a host tensor; every other call takes functionalization's fallback."""
+    if _host(self) and any(isinstance(i, _Tensor) and _lazy(i) for i in indices):
+        idx = [read(i).to(self.device) if isinstance(i, _Tensor) and _lazy(i) else i for i in indices]
+        return aten.index.Tensor(self, idx)
+    return _originals[aten.index.Tensor].call_boxed(ks, self, indices)
 
 
 def _written_ops() -> list[Any]:
@@ -246,4 +263,6 @@ def register() -> None:
             _originals[op] = torch.library.get_kernel(op, "Functionalize")
         for op in ops:
             lib.impl(op, _kernel(op), "Functionalize", with_keyset=True)
+        _originals[aten.index.Tensor] = torch.library.get_kernel(aten.index.Tensor, "Functionalize")
+        lib.impl(aten.index.Tensor, _index_kernel, "Functionalize", with_keyset=True)
     _libs.append(lib)
