@@ -32,6 +32,7 @@ under the GIL), so a tracing thread only ever finds its own stand-ins.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -198,6 +199,7 @@ def _kernel(op: Any) -> Callable[..., Any]:
     slots = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                   if isinstance(a.type, torch._C.TensorType)
                   and not (a.alias_info is not None and a.alias_info.is_write))
+    sets = op in _SETS   # decided once: OpOverload hashing is Python code
 
     def kernel(ks: Any, *args: Any, **kwargs: Any) -> Any:
         for i, name in written:
@@ -208,7 +210,7 @@ def _kernel(op: Any) -> Callable[..., Any]:
             elif isinstance(v, (list, tuple)) and any(_host(t) for t in v if isinstance(t, _Tensor)):
                 break
         else:
-            if op in _SETS and isinstance(args[1], _Tensor) and _host(args[1]):
+            if sets and isinstance(args[1], _Tensor) and _host(args[1]):
                 # `ltc.set_(cpu)`: eager refuses a storage of another device; functionalization
                 # would say "not a FunctionalTensor. Please file an issue"
                 raise _mismatch(args[0], args[1], op_info(op).name, written_host=False)
@@ -254,7 +256,6 @@ _libs: list = []
 
 def register() -> None:
     """Put the seam kernel in front of every written op's Functionalize kernel (once)."""
-    import warnings
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # "Overriding a previously registered kernel": meant
