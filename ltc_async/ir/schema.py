@@ -163,6 +163,17 @@ class OpInfo:
         return full
 
 
+_aten_schemas: list | None = None
+
+
+def aten_schemas() -> list:
+    """Every `aten::` schema PyTorch knows, read once (the one-time registrations all scan them)."""
+    global _aten_schemas
+    if _aten_schemas is None:
+        _aten_schemas = [s for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")]
+    return _aten_schemas
+
+
 _infos: dict[int, OpInfo] = {}  # by id(op): OpOverloads live as long as the process
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ..ir.schema import TENSOR_LIST, op_info
+from ..ir.schema import TENSOR_LIST, aten_schemas, op_info
 from . import lazy_tensor, shapes
 from .inplace import type_name
 from .lazy_tensor import LtcTensor
@@ -287,7 +287,7 @@ def _inplace_foreach_ops() -> list[tuple[Any, Any]]:
     takes an empty list, Adam's `max_exp_avg_sqs` without amsgrad, for a non-functional
     argument and fails an internal assert.)"""
     found = []
-    names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
+    names = sorted({s.name.split("::")[1] for s in aten_schemas()
                     if s.name.startswith(("aten::_foreach_", "aten::_fused_"))
                     and s.name.endswith("_")})
     for name in names:

@@ -26,6 +26,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..executor import arena
 from ..executor import graph_executor as gx
+from ..ir.schema import aten_schemas
 from . import decompositions
 from . import dispatch as dispatch_module
 from . import autocast, collectives, fast_paths, inplace, modules, seam, storage
@@ -181,7 +182,7 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
 def _factory_ops() -> list[tuple[str, Any]]:
     """aten overloads that take no tensor, return tensors and accept a `device`."""
     found = []
-    for schema in torch._C._jit_get_all_schemas():
+    for schema in aten_schemas():
         if not schema.name.startswith("aten::") or schema.is_mutable:
             continue
         names = [a.name for a in schema.arguments]

@@ -39,7 +39,7 @@ import torch
 
 from .. import metrics
 from ..executor import graph_executor as gx
-from ..ir.schema import op_info
+from ..ir.schema import aten_schemas, op_info
 from .lazy_tensor import unwrap
 
 _is_functional = torch._is_functional_tensor
@@ -73,22 +73,27 @@ def _number_tensor(v: Any, register: bool, made: list) -> Any:
     return t
 
 
-_originals: dict[Any, Any] = {}   # op -> its original Functionalize kernel (`register`)
-_siblings: dict[tuple, Any] = {}   # (op, Tensor slots holding numbers) -> Scalar overload | None
+# `aten::name.overload` -> its original Functionalize kernel (`register`); the schemas of the ops
+_originals: dict[str, Any] = {}
+_schemas: dict[str, Any] = {}
+_siblings: dict[tuple, Any] = {}   # (name, Tensor slots holding numbers) -> Scalar twin's | None
 
 
-def _scalar_sibling(op: Any, numbers: tuple) -> Any:
-    """The overload of `op` that takes Scalars where `op` takes the Tensors at `numbers`
+def _qualname(schema: Any) -> str:
+    return schema.name + ("." + schema.overload_name if schema.overload_name else "")
+
+
+def _scalar_sibling(name: str, numbers: tuple) -> str | None:
+    """The overload of `name` that takes Scalars where it takes the Tensors at `numbers`
     (`add_.Scalar` for `add_.Tensor`), everything else alike; None if there is none."""
-    key = (op, numbers)
+    key = (name, numbers)
     if key not in _siblings:
         found = None
-        mine = op._schema.arguments
-        packet = getattr(aten, op._schema.name[6:])
-        for name in packet.overloads():
-            cand = getattr(packet, name)
-            theirs = cand._schema.arguments
-            if cand is op or cand not in _originals or len(theirs) != len(mine):
+        mine = _schemas[name].arguments
+        base = name.split(".")[0]
+        for cand, schema in _schemas.items():
+            theirs = schema.arguments
+            if cand == name or schema.name != base or len(theirs) != len(mine):
                 continue
             if all(a.name == b.name and (isinstance(b.type, torch._C.NumberType) if i in numbers
                                           else str(a.type) == str(b.type))
@@ -99,8 +104,8 @@ def _scalar_sibling(op: Any, numbers: tuple) -> Any:
     return _siblings[key]
 
 
-def _call(op: Any, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> Any:
-    """The original Functionalize kernel of `op`.  A number in a Tensor slot (which
+def _call(op: str, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> Any:
+    """The original Functionalize kernel of `op` (a qualified name).  A number in a Tensor slot (which
     `call_boxed` refuses) goes to the overload taking a Scalar there (`add_.Scalar`: what eager's
     wrapped numbers mean); without one, it is passed as a 0-dim host tensor of its wrapped
     dtype, a stand-in for calls on `ltc` tensors."""
@@ -162,7 +167,7 @@ def _mismatch(lazy: torch.Tensor, host: torch.Tensor, name: str, written_host: b
 
 
 _COPIES = {aten.copy_.default, aten._foreach_copy_.default}
-_SETS = {aten.set_.source_Tensor, aten.set_.source_Tensor_storage_offset}
+_SETS = {"aten::set_.source_Tensor", "aten::set_.source_Tensor_storage_offset"}
 
 
 def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
@@ -192,18 +197,24 @@ def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
     raise _mismatch(lazy[0][1], host, info.name)
 
 
-def _kernel(op: Any) -> Callable[..., Any]:
-    schema = op._schema
+def _overload(name: str) -> Any:
+    base, _, overload = name[len("aten::"):].partition(".")
+    return getattr(getattr(aten, base), overload or "default")
+
+
+def _kernel(schema: Any) -> Callable[..., Any]:
+    name = _qualname(schema)
     written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                     if a.alias_info is not None and a.alias_info.is_write)
     slots = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                   if isinstance(a.type, torch._C.TensorType)
                   and not (a.alias_info is not None and a.alias_info.is_write))
-    sets = op in _SETS   # decided once: OpOverload hashing is Python code
+    sets = name in _SETS
+    op: list = []   # the OpOverload, made on the first seam call (not at import: 1200 of them)
 
     def kernel(ks: Any, *args: Any, **kwargs: Any) -> Any:
-        for i, name in written:
-            v = args[i] if i < len(args) else kwargs.get(name)
+        for i, arg in written:
+            v = args[i] if i < len(args) else kwargs.get(arg)
             if isinstance(v, _Tensor):
                 if _host(v):
                     break
@@ -213,12 +224,14 @@ def _kernel(op: Any) -> Callable[..., Any]:
             if sets and isinstance(args[1], _Tensor) and _host(args[1]):
                 # `ltc.set_(cpu)`: eager refuses a storage of another device; functionalization
                 # would say "not a FunctionalTensor. Please file an issue"
-                raise _mismatch(args[0], args[1], op_info(op).name, written_host=False)
-            return _call(op, ks, args, kwargs, slots)
-        info = op_info(op)   # per op, on its first seam call: most ops never get here
+                raise _mismatch(args[0], args[1], name.split("::")[-1], written_host=False)
+            return _call(name, ks, args, kwargs, slots)
+        if not op:
+            op.append(_overload(name))
+        info = op_info(op[0])
         if not any(_lazy(t) for i, v in enumerate(info.bind(args, kwargs)) for t in _tensors(v)):
-            return _call(op, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
-        return _seam(op, info, args, kwargs)
+            return _call(name, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
+        return _seam(op[0], info, args, kwargs)
     return kernel
 
 
@@ -228,24 +241,22 @@ def _index_kernel(ks: Any, self: torch.Tensor, indices: list) -> Any:
     if _host(self) and any(isinstance(i, _Tensor) and _lazy(i) for i in indices):
         idx = [read(i).to(self.device) if isinstance(i, _Tensor) and _lazy(i) else i for i in indices]
         return aten.index.Tensor(self, idx)
-    return _originals[aten.index.Tensor].call_boxed(ks, self, indices)
+    return _originals["aten::index.Tensor"].call_boxed(ks, self, indices)
 
 
-def _written_ops() -> list[Any]:
-    """aten overloads that write a tensor argument and have their own Functionalize kernel."""
+def _written_schemas() -> list[Any]:
+    """Schemas of the aten ops that write a tensor argument and have a Functionalize kernel of
+    their own (read from strings only: no OpOverload objects at import)."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     found = []
-    for schema in torch._C._jit_get_all_schemas():
-        if not schema.name.startswith("aten::"):
+    for schema in aten_schemas():
+        if not schema.name.startswith("aten::") or not schema.is_mutable:
             continue
         if not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
             continue
-        packet = getattr(aten, schema.name[6:], None)
-        op = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
-        if op is None:
-            continue
         try:
-            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Functionalize"):
-                found.append(op)
+            if has_kernel(_qualname(schema), "Functionalize"):
+                found.append(schema)
         except RuntimeError:  # a schema without a registered operator
             continue
     return found
@@ -259,11 +270,13 @@ def register() -> None:
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # "Overriding a previously registered kernel": meant
-        ops = _written_ops()
-        for op in ops:
-            _originals[op] = torch.library.get_kernel(op, "Functionalize")
-        for op in ops:
-            lib.impl(op, _kernel(op), "Functionalize", with_keyset=True)
-        _originals[aten.index.Tensor] = torch.library.get_kernel(aten.index.Tensor, "Functionalize")
-        lib.impl(aten.index.Tensor, _index_kernel, "Functionalize", with_keyset=True)
+        schemas = _written_schemas()
+        for schema in schemas:
+            name = _qualname(schema)
+            _schemas[name] = schema
+            _originals[name] = torch.library.get_kernel(name, "Functionalize")
+        for schema in schemas:
+            lib.m.impl(_qualname(schema)[len("aten::"):], "Functionalize", _kernel(schema), True)
+        _originals["aten::index.Tensor"] = torch.library.get_kernel("aten::index.Tensor", "Functionalize")
+        lib.m.impl("index.Tensor", "Functionalize", _index_kernel, True)
     _libs.append(lib)
