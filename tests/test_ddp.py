@@ -204,7 +204,7 @@ TORCH_DDP = os.path.join(HERE, "torch_ddp_worker.py")
 
 @pytest.mark.parametrize("variant,world", [
     ("default", 2), ("default", 4), ("bucket_view", 2), ("no_sync", 2), ("allreduce_hook", 2),
-    ("fp16_hook", 2), ("batchnorm", 2), ("zero", 2),
+    ("fp16_hook", 2), ("bf16_hook", 2), ("batchnorm", 2), ("zero", 2),
     pytest.param("static_graph", 2, marks=pytest.mark.xfail(strict=True, reason=(
         "the reducer allocates pinned host memory for the used-parameter map of a PrivateUse1 "
         "device, and PyTorch's Python PrivateUse1 hooks cannot provide a pinned allocator"))),
