@@ -20,8 +20,13 @@ import torch.nn.functional as F
 from torch.nn.modules import transformer
 
 
-class _Dense(Exception):
-    """Raised by the nested-tensor packing for `ltc` inputs: run the dense equivalent."""
+class _Dense(RuntimeError):
+    """Raised by the nested-tensor packing for `ltc` inputs: `nn.TransformerEncoder` runs the
+    dense equivalent; anyone else calling the packing gets a clear error."""
+
+    def __init__(self) -> None:
+        super().__init__("nested tensors have no lazy form: torch._nested_tensor_from_mask is not "
+                         "supported on ltc devices (nn.TransformerEncoder computes its fast path densely)")
 
 
 def _dense_encoder(self: torch.nn.TransformerEncoder, src: torch.Tensor, mask: Any,
