@@ -11,8 +11,12 @@ Meta kernels check shapes, but not always dtypes: `mm` on meta takes `float16 @ 
 every eager kernel rejects.  So a signature whose tensor inputs mix floating-point dtypes is
 also run once by eager on the backing device (`_run_like_eager`), on zero-filled stand-ins
 with the inputs' shapes and strides: eager's error, at the user's line, instead of a failed
-execution later.  Same-dtype signatures (nearly all) never pay for it; mixed ones once, as
-the result is cached with the shapes.
+execution later.  Meta kernels also type some outputs after CUDA: `native_layer_norm` and
+`native_batch_norm` give float32 mean/rstd for bf16 inputs, where the CPU kernels keep bf16.  So
+an op with several outputs over bf16/fp16 inputs is run by eager the same way and its outputs
+take eager's dtypes: the metas are what the device will produce (a bf16 layer norm's backward
+otherwise mixed dtypes eager never sees).  Other signatures (nearly all) never pay for it; these
+once, as the result is cached with the shapes.
 """
 from __future__ import annotations
 
