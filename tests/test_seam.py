@@ -313,3 +313,46 @@ def test_bf16_transformer_layer_backward_matches_eager():
     lazy(x.to(D)).float().pow(2).mean().backward()
     for (n, a), (_, b) in zip(lazy.named_parameters(), layer.named_parameters()):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=2e-2, atol=2e-2, msg=n)
+
+
+# -- failures and threads ------------------------------------------------------------------------
+
+def test_host_copy_of_a_failed_computation_raises_and_leaves_the_host_tensor_alone():
+    x = torch.randn(4)
+    lx = x.to(D)
+    bad = lx[torch.tensor([0, 9]).to(D)] * 2          # out of range: only the kernel can tell
+    host = torch.zeros(2)
+    with pytest.raises(ltc.ComputationError, match="index"):
+        host.copy_(bad)
+    torch.testing.assert_close(host, torch.zeros(2))
+    host.copy_(lx[1:3] * 2)                           # the device and the source stay usable
+    torch.testing.assert_close(host, x[1:3] * 2)
+
+
+def test_threads_mixing_host_copies_numbers_and_refused_writes():
+    import threading
+    errors: list = []
+
+    def work(seed: int) -> None:
+        try:
+            g = torch.Generator().manual_seed(seed)
+            x = torch.randn(16, generator=g)
+            lx = x.to(D)
+            for k in range(20):
+                lx.mul_(0.5).add_(k)                  # numbers in Tensor slots (seam.py)
+                x.mul_(0.5).add_(k)
+                host = torch.empty(16)
+                host.copy_(lx)
+                torch.testing.assert_close(host, x)
+                with pytest.raises(RuntimeError, match="same device"):
+                    host.add_(lx)
+                ltc.mark_step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[0]
