@@ -62,17 +62,27 @@ def _host_among_lazy(v: torch.Tensor, info: OpInfo) -> RuntimeError:
                         f"{info.name}); move it with .to('ltc:N')")
 
 
+def _host_argument(v: torch.Tensor, info: OpInfo, full: Sequence, pos: int) -> bool:
+    """A host tensor at argument `pos` of a call on lazy tensors: raise eager CUDA's device
+    error where the op would not take it (a full tensor outside the arguments it copies, a CPU
+    0-dim one where it takes no CPU scalars); True for a wrapped-number stand-in (`seam.py`)."""
+    if pos in info.copied:
+        return False
+    if v.dim() != 0:
+        raise _host_among_lazy(v, info)
+    if as_number(v) is not NOT_A_STAND_IN:
+        return True
+    if not takes_cpu_scalars(info.qualname):
+        raise _cpu_scalar_refused(v, info, full)
+    return False
+
+
 def check_host_arguments(info: OpInfo, full: Sequence) -> None:
-    """Raise eager CUDA's device error for host tensors an op would not take (for handlers that
-    bypass `trace`'s argument loop): full host tensors outside index lists and copied arguments,
-    CPU 0-dim ones where the op takes no CPU scalars."""
+    """`trace`'s host-tensor rules for handlers that bypass its argument loop."""
     for i, (k, v) in enumerate(zip(info.kinds, full)):
         if (k == K_TENSOR or k == OPT_TENSOR) and isinstance(v, torch.Tensor) and \
-                type(v) is not LtcTensor and v.device.type != "ltc" and i not in info.copied:
-            if v.dim() != 0:
-                raise _host_among_lazy(v, info)
-            if as_number(v) is NOT_A_STAND_IN and not takes_cpu_scalars(info.qualname):
-                raise _cpu_scalar_refused(v, info, full)
+                type(v) is not LtcTensor and v.device.type != "ltc":
+            _host_argument(v, info, full, i)
 
 
 def _cpu_scalar_refused(v: torch.Tensor, info: OpInfo, full: Sequence) -> RuntimeError:
@@ -140,13 +150,8 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
             elif v is None:
                 template.append(None)
             elif isinstance(v, torch.Tensor):
-                if v.device.type != "ltc" and len(template) not in info.copied:
-                    if v.dim() != 0:
-                        raise _host_among_lazy(v, info)
-                    if as_number(v) is not NOT_A_STAND_IN:   # a wrapped number (see seam.py)
-                        return trace(func, info, [_number_of(a) for a in full])
-                    if not takes_cpu_scalars(info.qualname):
-                        raise _cpu_scalar_refused(v, info, full)
+                if v.device.type != "ltc" and _host_argument(v, info, full, len(template)):
+                    return trace(func, info, [_number_of(a) for a in full])   # a wrapped number
                 uploads = uploads or []
                 uploads.append((len(template), None, v))
                 template.append(None)
