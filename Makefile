@@ -15,6 +15,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	$(BIN)/pip install -q -e ".[test]"
+	# the native PrivateUse1 hooks (ltc_async/native: PyTorch's DDP with find_unused_parameters
+	# or static_graph needs them); a machine without a C++ compiler keeps everything else
+	$(BIN)/pip install -q ninja
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m ltc_async.native \
+		|| echo "warning: ltc_async native hooks not built (see ltc_async/native/__init__.py)"
 	touch $@
 
 setup: $(BIN)/.installed

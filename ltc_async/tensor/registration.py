@@ -27,6 +27,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas
+from .. import native
 from . import decompositions
 from . import dispatch as dispatch_module
 from . import autocast, collectives, fast_paths, inplace, modules, seam, storage
@@ -299,6 +300,7 @@ def register() -> None:
     global _registered, _lib
     if _registered:
         return
+    native.load()   # C++ hooks with a pinned allocator, if built: before the Python ones
     _setup_privateuseone_for_python_backend(rename="ltc", backend_module=_LtcDeviceModule(),
                                             device_guard=_LtcDeviceGuard())
     _lib = torch.library.Library("_", "IMPL")
