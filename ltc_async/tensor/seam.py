@@ -22,13 +22,19 @@ that writes a tensor argument (`torch.library.get_kernel` keeps the original to 
   cpu!" before anything is written, so both tensors stay as they were.
 
 Wrapped numbers (`x.add_(1)`: a Tensor slot holding a Python number) reach Python kernels as
-Python numbers, and `call_boxed` will not take a number for a Tensor.  They are passed on as
-0-dim host *stand-ins* that the op path turns back into the same numbers (`as_number`, used by
-`trace.py`), so the node traced is exactly the one traced without this module.
+Python numbers, and `call_boxed` will not take a number for a Tensor.  Such a call goes to the
+overload taking a Scalar there (`add_.Scalar`: what a wrapped number means), or, where there is
+none (`copy_(7)`), passes the number as a 0-dim host *stand-in* that the op path turns back into
+the same number (`as_number`, used by `trace.py`), so the traced node is unchanged.  The
+kernels are registered from schemas and qualified names at import (no OpOverload objects).
+
+`set_` with a functional `ltc` target and a host source raises the same device error
+(functionalization would say "not a FunctionalTensor. Please file an issue").
 
 Thread safety: the kernels keep no state but `stand_ins`, keyed by `id` of tensors alive for
 the duration of the call that made them (added before, removed after, single dict operations
-under the GIL), so a tracing thread only ever finds its own stand-ins.
+under the GIL), so a tracing thread only ever finds its own stand-ins; `_siblings` is a cache
+of values computed from its key alone (a racing miss computes the same value twice).
 """
 from __future__ import annotations
 
