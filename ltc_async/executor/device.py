@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
-import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Sequence
@@ -315,18 +313,3 @@ def lock_devices(ctxs: Sequence[DeviceContext]) -> Iterator[None]:
         yield
 
 
-_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../ltc_async
-_SKIP_PREFIXES = (_HERE, os.path.join(os.path.dirname(_HERE), "devices"),
-                  os.path.dirname(torch.__file__), "<frozen")
-
-
-def caller_location() -> str:
-    """`file:line (function)` of the innermost frame outside ltc_async, its backends and torch."""
-    skip = _SKIP_PREFIXES
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(skip) and "ltc_async_devices" not in fn:
-            return f"{fn}:{f.f_lineno} ({f.f_code.co_name})"
-        f = f.f_back
-    return "<unknown>"

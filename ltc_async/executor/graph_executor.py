@@ -34,7 +34,8 @@ from ..diagnostics import hooks as _dx
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
 from . import compiler
 from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
-from .device import DeviceContext, caller_location, lock_devices, raise_errors
+from ..callsite import caller_location
+from .device import DeviceContext, lock_devices, raise_errors
 from .futures import BackendData, ComputationError, Execution, Failed, wait_all
 from .interpreter import Interpreter
 

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_map_only
 
 from .. import metrics
 from ..executor import graph_executor as gx
-from ..executor.device import caller_location
+from ..callsite import caller_location
 from ..executor.futures import BackendData, Failed
 from ..ir.node import make_data_node
 from ..ir.schema import op_info

@@ -26,7 +26,8 @@ import torch
 
 from .._config import config
 from ..executor import arena
-from ..executor.device import DeviceContext, caller_location
+from ..callsite import caller_location
+from ..executor.device import DeviceContext
 from ..ir.device_checks import takes_cpu_scalars
 from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, TensorMeta, exact
 from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
