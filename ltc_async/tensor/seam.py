@@ -157,10 +157,18 @@ def _host(t: torch.Tensor) -> bool:
     return not _is_functional(t) and t.device.type != "ltc"
 
 
-def read(t: torch.Tensor) -> torch.Tensor:
-    """The value of an `ltc` tensor on its backing device (an explicit read, like `.cpu()`)."""
-    metrics.counter("TensorToHost")
-    return gx.read([unwrap(t)])[0]
+def _read(values: list, device: Any = None) -> list:
+    """`values` with every `ltc` tensor replaced by its value on the backing device (or on
+    `device`): one explicit read, like `.cpu()`, for all of them (one graph cut, one wait)."""
+    lazy = [i for i, v in enumerate(values) if isinstance(v, _Tensor) and _lazy(v)]
+    if not lazy:
+        return values
+    metrics.counter("TensorToHost", len(lazy))
+    read = gx.read([unwrap(values[i]) for i in lazy])
+    out = list(values)
+    for i, v in zip(lazy, read):
+        out[i] = v if device is None else v.to(device)
+    return out
 
 
 def _mismatch(lazy: torch.Tensor, host: torch.Tensor, name: str, written_host: bool = True) -> RuntimeError:
@@ -185,10 +193,7 @@ def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
     if op in _COPIES:
         src = full[1]
         with torch.no_grad():
-            if isinstance(src, _Tensor):
-                value = read(src) if _lazy(src) else src
-            else:
-                value = [read(s) if _lazy(s) else s for s in src]
+            value = _read([src])[0] if isinstance(src, _Tensor) else _read(list(src))
             op(full[0], value, *full[2:])
         return full[0] if op._schema.returns else None
     if op is aten.resize_as_.default:   # reads the template's shape only
@@ -196,8 +201,7 @@ def _seam(op: Any, info: Any, args: tuple, kwargs: dict) -> Any:
     if all(i in info.index_lists for i, _ in lazy):
         # eager moves index tensors to `self`'s device (`make_info` in TensorAdvancedIndexing)
         for i in {i for i, _ in lazy}:
-            full[i] = [read(e).to(host.device) if isinstance(e, _Tensor) and _lazy(e) else e
-                       for e in full[i]]
+            full[i] = _read(list(full[i]), host.device)
         a, k = info.split(full)
         return op(*a, **k)
     raise _mismatch(lazy[0][1], host, info.name)
@@ -245,7 +249,7 @@ def _index_kernel(ks: Any, self: torch.Tensor, indices: list) -> Any:
     """`host[ltc_idx]`: eager moves index tensors to `self`'s device (`make_info`), so the result
     is a host tensor; every other call takes functionalization's fallback."""
     if _host(self) and any(isinstance(i, _Tensor) and _lazy(i) for i in indices):
-        idx = [read(i).to(self.device) if isinstance(i, _Tensor) and _lazy(i) else i for i in indices]
+        idx = _read(list(indices), self.device)
         return aten.index.Tensor(self, idx)
     return _originals["aten::index.Tensor"].call_boxed(ks, self, indices)
 
