@@ -15,11 +15,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	$(BIN)/pip install -q -e ".[test]"
-	# the native PrivateUse1 hooks (ltc_async/native: PyTorch's DDP with find_unused_parameters
+	# the native PrivateUse1 hooks (ltc_async/patches/native: PyTorch's DDP with find_unused_parameters
 	# or static_graph needs them); a machine without a C++ compiler keeps everything else
 	$(BIN)/pip install -q ninja
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m ltc_async.native \
-		|| echo "warning: ltc_async native hooks not built (see ltc_async/native/__init__.py)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m ltc_async.patches.native \
+		|| echo "warning: ltc_async native hooks not built (see ltc_async/patches/native/__init__.py)"
 	touch $@
 
 setup: $(BIN)/.installed
@@ -37,10 +37,10 @@ test: setup
 
 bench: setup
 	$(BIN)/pip install -q -e ".[bench]"   # matplotlib, for the figure
-	$(BIN)/python benchmarks/bench_lazy.py --plot benchmarks/bench_lazy.png
-	$(BIN)/python benchmarks/bench_executor.py
-	$(BIN)/python benchmarks/bench_ddp.py
-	$(BIN)/python benchmarks/bench_diagnostics.py
+	$(BIN)/python -m benchmarks.bench_lazy --plot benchmarks/bench_lazy.png
+	$(BIN)/python -m benchmarks.bench_executor
+	$(BIN)/python -m benchmarks.bench_ddp
+	$(BIN)/python -m benchmarks.bench_diagnostics
 
 # The reliability suite at full length (CI runs the same tests with bounded lengths):
 # fault injection over 2000 steps, then the concurrency and shutdown tests three times.

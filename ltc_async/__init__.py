@@ -8,13 +8,25 @@ from __future__ import annotations
 
 from . import debug, metrics
 from .aio import mark_step_async, sync_async, to_cpu_async, wait_device_ops_async
-from .api import (add_step_closure, backend_device, devices, init, mark_step, sync, to_cpu,
-                  wait_device_ops)
+from .api import (
+                  add_step_closure,
+                  backend_device,
+                  devices,
+                  init,
+                  mark_step,
+                  sync,
+                  to_cpu,
+                  wait_device_ops,
+)
 from .compile import register as _register_compile
 from .diagnostics.recompiles import RecompileWarning
-from .diagnostics.sync_guard import UnexpectedSyncError, UnexpectedSyncWarning, sync_guard
+from .diagnostics.sync_guard import (
+                  UnexpectedSyncError,
+                  UnexpectedSyncWarning,
+                  sync_guard,
+)
 from .executor.futures import ComputationError, ExecutionError
-from .tensor.registration import register as _register
+from .patches.registration import register as _register
 
 _register()
 _register_compile()   # torch.compile(..., backend="ltc")

@@ -9,13 +9,25 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ._config import config
+from .base import events
+from .base.config import config
 from .diagnostics import recompiles as _recompiles
 from .diagnostics.recompiles import RecompileWarning
 from .diagnostics.timeline import Span, Timeline, timeline
 from .executor import arena
 from .executor import graph_executor as gx
-from .ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value, post_order
+from .ir.node import (
+    DEVICE_DATA,
+    NUM,
+    RNG,
+    SCALAR,
+    TENSOR,
+    TENSOR_LIST,
+    Node,
+    Tag,
+    const_value,
+    post_order,
+)
 from .tensor import shapes
 from .tensor.lazy_tensor import unwrap
 
@@ -198,8 +210,10 @@ _saved = [0]            # graphs written by this process
 _save_failed: set = set()
 
 
-def _save_graph(ctx: Any, plan: Any, label: str) -> None:
-    """The compiler thread's hook (`executor/compiler.py`) while `save_graphs` is on."""
+@events.looked_up.subscribe
+def _save_graph(ctx: Any, plan: Any, label: str, _hit: bool) -> None:
+    """On the compiler thread, after each cache lookup: append the graph while `save_graphs`
+    is on."""
     path = config.save_graphs
     if not path:
         return

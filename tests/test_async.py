@@ -170,8 +170,8 @@ def test_async_step_closure_error_reraised_at_next_barrier():
     ltc.add_step_closure(boom_later, run_async=True)
     ltc.mark_step()
     assert ran.wait(30)
-    from ltc_async.api import _closures
-    _closures.drain()      # the closure finished and its error is recorded (no barrier ran)
+    from ltc_async.executor import futures, steps
+    futures.run(steps.closures.drain())   # the closure finished, its error recorded (no barrier ran)
     with pytest.raises(RuntimeError, match="second failure"):
         ltc.mark_step()    # the next mark_step reports it
     ltc.wait_device_ops()

@@ -14,7 +14,7 @@ from torch import nn
 
 import ltc_async as ltc
 from ltc_async.executor import arena
-from ltc_async.executor.interpreter import Interpreter
+from ltc_async.ir.interpreter import Interpreter
 from ltc_async.ir.lint import lint
 from ltc_async.ir.node import DEVICE_DATA, post_order
 from ltc_async.tensor.lazy_tensor import unwrap

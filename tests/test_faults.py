@@ -21,7 +21,7 @@ import trio
 import ltc_async as ltc
 from conftest import assert_eager, watchdog
 from faults import FaultInjector, FaultyBackend, MarkerBackend, backend_wrapped
-from ltc_async._config import config
+from ltc_async.base.config import config
 
 STEPS = int(os.environ.get("LTC_FAULT_STEPS", "40"))
 

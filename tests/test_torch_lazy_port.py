@@ -79,7 +79,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ltc_async as ltc
-from ltc_async._config import config
+from ltc_async.base.config import config
 from conftest import assert_eager, run_python
 
 DEV = "ltc:0"

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from ltc_async.backend import Backend, Computation
-from ltc_async.executor.interpreter import Interpreter
+from ltc_async.ir.interpreter import Interpreter
 from ltc_async.ir.node import Node
 
 

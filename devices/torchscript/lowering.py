@@ -12,7 +12,17 @@ from typing import Any, Sequence
 import torch
 from torch._C import BoolType, FloatType, IntType, ListType, OptionalType, TensorType
 
-from ltc_async.ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value
+from ltc_async.ir.node import (
+    DEVICE_DATA,
+    NUM,
+    RNG,
+    SCALAR,
+    TENSOR,
+    TENSOR_LIST,
+    Node,
+    Tag,
+    const_value,
+)
 
 _TENSOR = TensorType.get()
 _GEN = torch._C._GeneratorType.get()

@@ -40,22 +40,17 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import metrics
+from ..base import counters
 from ..executor.futures import BackendData
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node, post_order
 from ..tensor.lazy_tensor import LtcTensor, make_tensor, unwrap, wrap
+from ..tensor.writeback import write
 from .subgraph import Subgraph
 
 _wrap = torch._to_functional_tensor
 _from_functional = torch._from_functional_tensor
 _sync = torch._functionalize_sync   # `torch._sync` minus its FunctionalTensor (AOT) case
 _is_functional = torch._is_functional_tensor
-_replace = torch._functionalize_replace
-_commit = torch._functionalize_commit_update
-_set = torch.ops.aten.set_.source_Tensor
-_use_count = torch._C._storage_Use_Count
-_view_chain = torch._C._functionalization.get_view_meta_sequence
-_bump_versions = torch._C._increment_version   # takes a list of tensors
 
 # Counters that mean the capture run did something other than trace the graph's ops.
 _IMPURE = ("EagerFallback", "DataDependentSync", "HostMutation", "TransferToDevice", "TensorToHost")
@@ -136,9 +131,9 @@ class GraphFunction:
                 cap = self._captures.get(key) or self._capture(args, inner, ctx, key)
         self._last = (key, cap)
         if type(cap) is _Replay:
-            metrics.counter("CompiledGraphReplay")
+            counters.counter("CompiledGraphReplay")
             return list(self.gm(*args))
-        metrics.counter("CompiledGraphCall")
+        counters.counter("CompiledGraphCall")
         node = None
         op = cap.op
         if op is not None:
@@ -168,8 +163,8 @@ class GraphFunction:
         """Run the graph by ordinary lazy tracing (arguments the fast path cannot take)."""
         if reason not in self._captures:
             self._captures[reason] = _Replay(reason)
-            metrics.counter("CompiledGraphReplay::" + reason)
-        metrics.counter("CompiledGraphReplay")
+            counters.counter("CompiledGraphReplay::" + reason)
+        counters.counter("CompiledGraphReplay")
         return list(self.gm(*args))
 
     def _capture(self, args: list, inner: list[LtcTensor], ctx: Any, key: Any) -> Capture | _Replay:
@@ -183,9 +178,9 @@ class GraphFunction:
         for node in placeholders:
             node.data = None
         if type(cap) is _Replay:
-            metrics.counter("CompiledGraphReplay::" + cap.reason)
+            counters.counter("CompiledGraphReplay::" + cap.reason)
         else:
-            metrics.counter("CompiledGraphCapture")
+            counters.counter("CompiledGraphCapture")
         self._captures[key] = cap
         return cap
 
@@ -209,7 +204,7 @@ class GraphFunction:
                 k += 1
             else:
                 ph_args.append(a)
-        before = {c: metrics._counters.get(c, 0) for c in _IMPURE}
+        before = {c: counters._counters.get(c, 0) for c in _IMPURE}
         seed, counter = ctx.rng_state()
         try:
             # no dispatch modes: AOTAutograd runs the first call under an analysis mode, whose
@@ -218,7 +213,7 @@ class GraphFunction:
                 outs = self.gm(*ph_args)
         finally:
             ctx.set_rng_state(seed, counter)
-        if any(metrics._counters.get(c, 0) != n for c, n in before.items()):
+        if any(counters._counters.get(c, 0) != n for c, n in before.items()):
             return _Replay("impure_capture")
 
         roots: list[tuple[Node, int]] = []
@@ -283,38 +278,18 @@ class GraphFunction:
 
 
 def _apply_mutations(ctx: Any, node: Node | None, args: list, mutations: tuple) -> None:
-    """Write the graph's kept input mutations into the arguments, as `copy_` would: the new
-    value, visible through every alias, and the autograd version counter bumped.
-
-    Functionalization's way (`replace_` + `commit_update`, what `copy_` does) queues the value
-    as an update of the storage, and every alias, the written tensor included, regenerates from
-    the base at its next read by replaying its view chain.  A parameter is a `detach` view
-    (`nn.Parameter` detaches its data), so that replay is one Python dispatch per parameter per
-    step, the largest per-tensor cost of a compiled step.  When nothing else shares the
-    tensor's storage (its use count is 1, plus the probe itself), there is no alias to update:
-    `set_` points the tensor at a fresh storage holding the new value (functionalization's own
-    `set_` kernel: no dispatch to ltc, version counter bumped), after which the tensor is a base
-    and its later writes and reads replay nothing."""
-    bump = []
+    """Write the graph's kept input mutations into the arguments, in order, as `copy_` would
+    (`tensor/writeback.py`: the new value seen through every alias, the version counter
+    bumped; a parameter, a view nobody shares, takes a fresh storage holding its new value, so
+    its later reads replay no view chain -- the largest per-tensor cost of a compiled step)."""
     with torch.no_grad():
         for j, src in mutations:
-            a = args[j]
             if src[0] is _OUT:
                 new = make_tensor(ctx, node, src[1], src[2])
             else:
                 v = _inner(args[src[1]])
                 new = make_tensor(ctx, v._v[0], v._v[1], v._m)
-            if not _is_functional(a):
-                ctx.rebind(a, new._v)
-                bump.append(a)
-            elif _view_chain(a) and _use_count(a.untyped_storage()._cdata) == 2:
-                _set(a, _wrap(new))      # a view no alias shares: make it a base (see above)
-            else:
-                _replace(a, new)
-                _commit(a)
-                bump.append(a)
-    if bump:
-        _bump_versions(bump)
+            write([args[j]], [new])
 
 
 def _inner(a: torch.Tensor) -> LtcTensor:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .. import metrics
+from ..base import counters
 from ..tensor.host import upload
 from ..tensor.lazy_tensor import LtcTensor, unwrap
 from .capture import GraphFunction
@@ -189,7 +189,7 @@ class SplitGraphFunction:
         if ctx is None:     # nothing lazy after all: the device graph runs as it is
             dev_in = [args[i] for i in s.device_args] + list(host_out[:n])
         else:
-            metrics.counter("CompiledGraphHostSplit")
+            counters.counter("CompiledGraphHostSplit")
             dev_in = [args[i] for i in s.device_args] + [upload(ctx, p) for p in host_out[:n]]
         dev_out = self.device_fn(dev_in)
         return [host_out[k] if where == "host" else dev_out[k] for where, k in s.outputs]

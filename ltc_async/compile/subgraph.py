@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..ir.interpreter import Interpreter
 from ..ir.node import RNG, SCALAR, TENSOR, Node, Tag, TensorMeta
 
 _ids = itertools.count(1)
@@ -92,6 +93,5 @@ class Subgraph:
         """The IR interpreter: run the body eagerly on backend values; the flattened outputs."""
         interp = self._interpreters.get(device)
         if interp is None:
-            from ..executor.interpreter import Interpreter
             interp = self._interpreters[device] = Interpreter(self.leaves + self.ops, self.roots, device)
         return interp.execute(list(values) + list(scalars))

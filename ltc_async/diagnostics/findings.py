@@ -23,7 +23,11 @@ cleared by `ltc.metrics.reset()`.  `_lock` guards them; it is a leaf lock.
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from ..base import counters, events
+from ..executor import arena
+from . import location
 
 __all__ = ["Finding", "findings", "render"]
 
@@ -57,6 +61,15 @@ def _bump(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
         table[key] = table.get(key, 0) + 1
 
 
+def qualified(name: str) -> str:
+    return name if "::" in name else f"aten::{name}"
+
+
+@events.fallback.subscribe
+def _fallback(name: str, _args: Any) -> None:
+    fallback(qualified(name), location.describe(location.user_frame()))
+
+
 def fallback(op: str, where: str) -> None:
     _bump(_fallbacks, (op, where))
 
@@ -65,9 +78,14 @@ def synced(what: str, where: str) -> None:
     _bump(_syncs, (what, where))
 
 
+@events.looked_up.subscribe
+def _looked_up(ctx: Any, plan: Any, label: str, hit: bool) -> None:
+    if not hit:
+        compiled(label, str(ctx.device))
+
+
 def compiled(label: str, device: str) -> None:
-    from ..metrics import _counters
-    step = _counters.get("MarkStep", 0)
+    step = counters._counters.get("MarkStep", 0)
     key = (label, device)
     with _lock:
         entry = _compiles.get(key)
@@ -81,6 +99,7 @@ def compiled(label: str, device: str) -> None:
                 entry[2] += 1
 
 
+@events.counters_reset.subscribe
 def reset() -> None:
     with _lock:
         _fallbacks.clear()
@@ -101,10 +120,8 @@ def _more(table: dict, shown: int) -> list[str]:
 
 def findings() -> list[Finding]:
     """The findings for the activity since the last `ltc.metrics.reset()`."""
-    # metrics imports this module lazily: no cycle at import time
-    from .. import metrics
     out: list[Finding] = []
-    steps = metrics.counter_value("MarkStep") or 0
+    steps = counters.counter_value("MarkStep") or 0
 
     n_fallback = sum(_fallbacks.values())
     if n_fallback:
@@ -126,16 +143,16 @@ def findings() -> list[Finding]:
         details = [f"{label} on {dev}: {c} graphs, {late} of them after its first "
                    f"{_WARMUP_STEPS} steps" for (label, dev), (c, _, late) in top]
         details += _more(recompiled, len(top))
-        shapes = metrics.compiles_by_shape()
+        shapes = counters.compiles_by_shape()
         if len(shapes) > 1:
             details.append("input shapes compiled: " + "; ".join(
                 f"{s} x{c}" for s, c in sorted(shapes.items(), key=lambda kv: -kv[1])[:6]))
-        compile_s = (metrics.metric_data("CompileTime") or (0, 0.0, []))[1]
+        compile_s = (counters.metric_data("CompileTime") or (0, 0.0, []))[1]
         out.append(Finding(
             "recompile",
             f"Recompiles: {sum(v[0] - 1 for v in recompiled.values())} new graph(s) at call "
             f"sites that had compiled before, {sum(v[2] for v in recompiled.values())} after "
-            f"warm-up ({metrics._fmt_time(compile_s)} compiling in all).",
+            f"warm-up ({counters.fmt_time(compile_s)} compiling in all).",
             details,
             "run with ltc.debug.explain_recompiles(True) (or LTC_ASYNC_EXPLAIN_RECOMPILES=1): "
             "each recompile then names its first difference. Usual causes: a smaller last "
@@ -143,7 +160,7 @@ def findings() -> list[Finding]:
             "it fixed or pass a tensor), a changing dtype, data-dependent branches."))
 
     n_sync = sum(_syncs.values())
-    reads = metrics.counter_value("TensorToHost") or 0
+    reads = counters.counter_value("TensorToHost") or 0
     if n_sync:
         top = _top(_syncs)
         out.append(Finding(
@@ -163,7 +180,7 @@ def findings() -> list[Finding]:
             [],
             "read every N steps, or in ltc.add_step_closure(fn, run_async=True)."))
 
-    idle = _idle_finding(metrics, steps)
+    idle = _idle_finding(steps)
     if idle is not None:
         out.append(idle)
     return out
@@ -173,20 +190,19 @@ def _per_step(n: int, steps: int) -> str:
     return f"{n / steps:.1f} per step over {steps} mark_step(s)" if steps else "no mark_step yet"
 
 
-def _idle_finding(metrics, steps: int) -> Finding | None:
-    span = metrics.activity_window("ExecuteTime")
-    data = metrics.metric_data("ExecuteTime")
+def _idle_finding(steps: int) -> Finding | None:
+    span = counters.activity_window("ExecuteTime")
+    data = counters.metric_data("ExecuteTime")
     if span is None or data is None or steps < 3:
         return None
     window = span[1] - span[0]
     if window < 0.02:
         return None
-    from ..executor import arena
-    used = sum(1 for c in (arena._contexts or ()) if c._seq) or 1
+    used = sum(1 for c in arena.started() if c._seq) or 1
     busy = data[1] / (window * used)
     if busy >= 0.5:
         return None
-    trace = metrics.metric_data("SyncTensorsGraph")
+    trace = counters.metric_data("SyncTensorsGraph")
     return Finding(
         "idle",
         f"Devices idle: busy {busy:.0%} of the {window:.2f}s between the first and the last "

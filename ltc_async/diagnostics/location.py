@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from types import FrameType
 
-from ..callsite import describe, user_frame  # noqa: F401 - re-exported for the diagnostics
+from ..base.callsite import describe, user_frame  # noqa: F401 - re-exported for the diagnostics
 
 
 def warn_at(f: FrameType | None, warning: Warning) -> None:

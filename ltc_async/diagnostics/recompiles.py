@@ -20,7 +20,7 @@ lookup) keeps, per call site and device, the keys of the graphs seen there (at m
 picks the cached key with the longest equal prefix (most recent on ties), describes the first
 difference, appends the message to the log and parks it under the plan.  The warning itself
 is issued on the user's thread, at the user's line: `track` (at the cut) notes the prepare
-job's future, and `emit` (when `schedule` returns, no lock held) waits for it -- so with
+job's future, and `_emit` (when `schedule` returns, no lock held) waits for it -- so with
 explanations on, `mark_step` returns once its graph is compiled -- and warns.  The trio twin
 awaits instead.  Node origins need `config.ir_debug`, which `enable` turns on (and back off).
 
@@ -32,12 +32,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import threading
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 
-from .. import metrics
-from .._config import config
+from ..base import counters, events
+from ..base.config import config
 from ..ir.node import (
     DEVICE_DATA,
     NUM,
@@ -105,8 +106,9 @@ def enable(flag: bool = True) -> None:
     elif not flag and _we_set_ir_debug:
         config.ir_debug = _we_set_ir_debug = False
     enabled = flag
-    from . import hooks
-    hooks.refresh()
+    for event, handler in ((events.prepare_job, _track), (events.looked_up, looked_up),
+                           (events.scheduled, _emit)):
+        (event.subscribe if flag else event.unsubscribe)(handler)
 
 
 def recompile_log() -> list[str]:
@@ -153,21 +155,20 @@ def _warn_for(futs: list[cf.Future]) -> None:
             location.warn_at(f, w)
 
 
-def emit() -> None:
-    """When `schedule` returns: wait for this thread's prepare jobs, warn for their misses."""
-    futs = _take()
-    if futs:
-        cf.wait(futs)
-        _warn_for(futs)
+def _track(job: Any, _ctx: Any, _label: str, fut: cf.Future) -> Any:
+    """`events.prepare_job` (at the cut, device lock held: no waiting): remember this thread's
+    prepare job; the job itself is unchanged."""
+    track(fut)
+    return job
 
 
-async def emit_async() -> None:
-    """`emit` for trio: awaits the prepare jobs (the list is taken before the first await, so
-    tasks sharing the thread never take each other's)."""
+def _emit() -> Iterator[list[cf.Future]]:
+    """`events.scheduled` (no lock held): wait for this thread's prepare jobs, then warn for
+    their misses at the user's line.  A generator of waits, so the trio twins await it; the
+    list is taken before the first wait, so tasks sharing the thread never take each other's."""
     futs = _take()
     if futs:
-        from ..executor.futures import wait_async
-        await wait_async(futs)
+        yield futs
         _warn_for(futs)
 
 
@@ -200,8 +201,8 @@ def looked_up(ctx: Any, plan: Any, label: str, hit: bool) -> None:
 
 
 def _park(w: RecompileWarning, plan: Any) -> None:
-    """Log `w` and keep it for the user thread that scheduled `plan` (`emit`)."""
-    metrics.counter("RecompileExplained")
+    """Log `w` and keep it for the user thread that scheduled `plan` (`_emit`)."""
+    counters.counter("RecompileExplained")
     with _lock:
         _log.append(str(w))
         _pending[id(plan)] = w
@@ -418,3 +419,7 @@ def _reordered_op(plan: Any, old: _Seen, i: int) -> _Diff | None:
 
 def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
+
+
+if config.explain_recompiles:   # LTC_ASYNC_EXPLAIN_RECOMPILES=1
+    enable(True)

@@ -16,9 +16,10 @@ Where syncs are seen:
   than "allow" was ever set) they are wrapped to name themselves.  Installed on first arming
   only, so a program that never uses the guard pays nothing;
 * ops returning Python values (`_local_scalar_dense`, `equal`: `host.host_op`) and eager
-  fallbacks reading lazy tensors (`host.eager_fallback`) call `hooks.host_read` /
-  `hooks.fallback` on every occurrence (slow paths already), which also records them for the
-  findings of `ltc.metrics.report()`.  A wrapped method marks its thread (`_tls.depth`) so the
+  fallbacks reading lazy tensors (`host.eager_fallback`) publish `events.host_read` /
+  `events.fallback` on every occurrence (slow paths already); this module subscribes, and
+  also records them for the findings of `ltc.metrics.report()`.  Step closures run wrapped by
+  `events.explicit_reads` (subscribed here: `exempt`).  A wrapped method marks its thread (`_tls.depth`) so the
   op it leads to is not reported twice.
 
 Scope (thread and trio safety).  Called plainly, `ltc.sync_guard("warn")` sets the process-wide
@@ -37,7 +38,9 @@ from typing import Any
 
 import torch
 
-from .._config import config
+from ..base import events
+from ..base.config import config
+from ..tensor.lazy_tensor import LtcTensor
 from . import findings, location
 
 __all__ = ["UnexpectedSyncError", "UnexpectedSyncWarning", "mode", "sync_guard"]
@@ -227,3 +230,41 @@ def _install() -> None:
 
 with _lock:
     _rearm()
+
+
+# -- subscriptions -----------------------------------------------------------------------------
+
+_SCALAR_READ = ".item() / bool(t) / float(t) / int(t) (a tensor's Python value)"
+
+
+@events.host_read.subscribe
+def _host_read(func: Any) -> None:
+    """`host.host_op`: an op returning a Python value is about to read device data."""
+    if inside_method():
+        return
+    name = str(func)
+    implicit(_SCALAR_READ if name == "aten._local_scalar_dense.default" else f"torch op {name}")
+
+
+@events.fallback.subscribe
+def _fallback(name: str, args: Any) -> None:
+    """`host.eager_fallback`: op `name` runs eagerly on `args` (its bound arguments)."""
+    if not inside_method() and _reads_lazy(args):
+        implicit(f"eager fallback of {findings.qualified(name)} (reads device data)")
+
+
+def _reads_lazy(args: Any) -> bool:
+    for a in args:
+        if type(a) is LtcTensor:
+            return True
+        if type(a) in (list, tuple) and any(type(e) is LtcTensor for e in a):
+            return True
+    return False
+
+
+@events.explicit_reads.subscribe
+def _explicit(fn: Any) -> Any:
+    def run(*args: Any) -> Any:
+        with exempt():
+            return fn(*args)
+    return run

@@ -18,10 +18,12 @@ device and step (the number of `mark_step`s on that device since the timeline op
 * `transfer`: a copy between lazy devices (lane "device", on the target's worker) or a host
   read (lane "host": `.cpu()`, `.item()`, ...: waiting for the data and copying it).
 
-The executor reports through `hooks.py`, guarded by one flag: `compile_job` and
-`execution_job` wrap the closures handed to the compiler thread and to the device worker at
-the cut, `read_begins` / `read_ends` bracket host reads, `step_begins` / `step_done` bracket
-`mark_step`s (and number the steps).  The
+The executor publishes events (`base/events.py`); this module subscribes.  Always: the
+`prepare_job` and `execution_job` wrappers (`compile_job`, `execution_job`), which wrap the
+closures handed to the compiler thread and to the device worker at the cut only while a
+timeline is open or the PyTorch profiler runs (one call per graph otherwise).  While a
+timeline is open: `looked_up`, `read_begins` / `read_ends` (bracketing host reads),
+`step_begins` / `step_done` (bracketing `mark_step`s, numbering the steps).  The
 same wrappers open `torch.profiler.record_function` ranges ("ltc::compile", "ltc::execute",
 "ltc::transfer") when the PyTorch profiler is on, so profiler traces show ltc_async's work
 (PyTorch records other threads' ranges when asked to:
@@ -47,6 +49,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from torch.autograd import profiler as _profiler
+
+from ..base import events
+from ..executor import arena
 
 __all__ = ["Span", "Timeline", "timeline"]
 
@@ -107,7 +112,29 @@ def _profiling() -> bool:
     return _profiler._is_profiler_enabled
 
 
-# -- hooks (see hooks.py) ------------------------------------------------------------------
+# -- event handlers (see the module note) ----------------------------------------------------
+
+@events.prepare_job.subscribe
+def _wrap_prepare(job: Callable[[], Any], ctx: Any, label: str, _fut: Any) -> Callable[[], Any]:
+    return compile_job(job, ctx, label) if _open or _profiling() else job
+
+
+@events.execution_job.subscribe
+def _wrap_execution(fn: Callable[[Any], Any], ex: Any) -> Callable[[Any], Any]:
+    return execution_job(fn, ex) if _open or _profiling() else fn
+
+
+def _looked_up(_ctx: Any, _plan: Any, _label: str, hit: bool) -> None:
+    looked_up(hit)
+
+
+def _listen(flag: bool) -> None:
+    """Subscribe the handlers needed only while a timeline is open (or unsubscribe them)."""
+    for event, handler in ((events.looked_up, _looked_up), (events.read_begins, read_begins),
+                           (events.read_ends, read_ends), (events.step_begins, step_begins),
+                           (events.step_done, step_done)):
+        (event.subscribe if flag else event.unsubscribe)(handler)
+
 
 def compile_job(job: Callable[[], Any], ctx: Any, label: str) -> Callable[[], Any]:
     """At the cut (user thread, device lock held): the host span up to here, and the prepare
@@ -261,18 +288,15 @@ class Timeline:
                                 max(0, step - self._base.get(device, 0)), lane, args))
 
     def __enter__(self) -> Timeline:
-        from . import hooks
         with _lock:
             self._t0 = _now()
             self._base = dict(_steps)
             _open.append(self)
-        hooks.refresh()
+            _listen(True)    # under _lock: a timeline closing meanwhile cannot unsubscribe
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from ..executor import arena
-        from . import hooks
-        for ctx in list(arena._contexts or ()):
+        for ctx in arena.started():
             ctx.wait()          # the executions queued inside: their spans end (no errors raised)
         with _lock:
             _open.remove(self)
@@ -280,7 +304,8 @@ class Timeline:
                 _marks.clear()
             self.events.sort(key=lambda s: s.start_us)
             self._closed = True
-        hooks.refresh()
+            if not _open:
+                _listen(False)
         if self.path is not None:
             self.save(self.path)
 

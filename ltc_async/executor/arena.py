@@ -1,4 +1,13 @@
-"""The set of lazy devices: created on first use from `ltc.init(...)` / `LTC_ASYNC_DEVICES`."""
+"""The set of lazy devices (LTC's `DeviceContextArena`) and the exit sequence.
+
+Owns: the backend (loaded by name from `ltc_async_devices`; the core imports no concrete
+backend), one `DeviceContext` per lazy device, created on first use from `ltc.init(...)` /
+`LTC_ASYNC_DEVICES` and never replaced, and `_shutdown` (atexit), which drains and stops every
+worker in order (devices, then the subscribers of `events.exit_drain` / `exit_stop`).
+
+Locking: `_lock` (re-entrant) serializes creation; after it `_contexts` is only read, without a
+lock (a list assigned once).  `started()` never creates the devices (diagnostics use it).
+"""
 from __future__ import annotations
 
 import atexit
@@ -8,8 +17,9 @@ import threading
 
 import torch
 
-from .._config import config
 from ..backend import Backend
+from ..base import events
+from ..base.config import config
 from .device import DeviceContext
 
 _lock = threading.RLock()
@@ -73,7 +83,13 @@ def tune_gc(threshold: int) -> None:
         gc.set_threshold(threshold, t1, t2)
 
 
+def started() -> list[DeviceContext]:
+    """The lazy devices if they exist already, else [] (never creates them)."""
+    return list(_contexts or ())
+
+
 def contexts() -> list[DeviceContext]:
+    """The lazy devices, created from the configuration on first use."""
     if _contexts is None:
         init()
     assert _contexts is not None
@@ -114,28 +130,19 @@ def backend() -> Backend:
     return _backend
 
 
-_exit_hooks: list = []   # (name, drain, stop) of other workers to finish at exit (step closures)
-
-
-def on_exit(drain, stop) -> None:
-    """Register another worker (step closures) with the exit sequence below."""
-    _exit_hooks.append((drain, stop))
-
-
 def _shutdown() -> None:
-    """PrepareToExit.  Queued work completes: every device queue (and the compiler and closure
-    workers it depends on) is drained with no time limit, then every worker thread is joined,
-    so no thread is inside a kernel while the interpreter finalizes (which would abort the
-    process).  Ctrl-C while draining cancels what has not started yet, waits for what is
-    running (a kernel cannot be interrupted) and exits cleanly."""
+    """PrepareToExit.  Queued work completes: every device queue is drained with no time
+    limit, then the workers that depend on it (`events.exit_drain`: step closures), then every
+    worker thread is joined (devices, then `events.exit_stop`: the closure and compiler
+    workers), so no thread is inside a kernel while the interpreter finalizes (which would
+    abort the process).  Ctrl-C while draining cancels what has not started yet, waits for what
+    is running (a kernel cannot be interrupted) and exits cleanly."""
     if _contexts is None:
         return
-    from .compiler import worker as compile_worker
     try:
         for c in _contexts:
             c.wait()
-        for drain, _stop in _exit_hooks:
-            drain()
+        events.exit_drain()
     except KeyboardInterrupt:
         import sys
         print("ltc_async: interrupted at exit; cancelling queued work", file=sys.stderr)
@@ -143,9 +150,7 @@ def _shutdown() -> None:
             c.worker.stop(timeout=0, cancel_queued=True)
     for c in _contexts:
         c.worker.stop()
-    for _drain, stop in _exit_hooks:
-        stop()
-    compile_worker.stop()
+    events.exit_stop()
 
 
 atexit.register(_shutdown)

@@ -28,15 +28,14 @@ import time
 import warnings
 from typing import Any
 
-from .. import metrics
-from .._config import config
 from ..backend import Computation
-from ..diagnostics import hooks as _dx
+from ..base import counters, events
+from ..base.config import config
+from ..ir.interpreter import Interpreter
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, post_order
 from . import generic
 from .futures import Worker
-from .interpreter import Interpreter
 
 
 class GraphPlan:
@@ -120,8 +119,8 @@ def prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> "cf.Future[G
     fut: cf.Future = cf.Future()
     _last = fut
     job = lambda: _prepare(ctx, roots, label)
-    if _dx.on or _dx.profiler._is_profiler_enabled:  # diagnostics (timeline, profiler, recompiles)
-        job = _dx.prepare_job(job, ctx, label, fut)
+    if events.prepare_job.on:   # the timeline, the profiler, recompile explanations
+        job = events.prepare_job.wrap(job, ctx, label, fut)
     return worker.submit(job, fut)
 
 
@@ -136,22 +135,19 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
     if config.ir_debug:
         lint(roots)
     plan = GraphPlan(roots)
-    if config.save_graphs:   # `ltc.debug.save_graphs` / LTC_ASYNC_SAVE_GRAPHS
-        from ..debug import _save_graph
-        _save_graph(ctx, plan, label)
     device_key = str(ctx.backend_device)
     key = (device_key, plan.key)
     comp = cache.get(key)
-    if comp is None or _dx.on:   # findings, recompile explanations (diagnostics/hooks.py)
-        _dx.looked_up(ctx, plan, label, comp is not None)
+    if events.looked_up.on:   # findings, recompile explanations, `ltc.debug.save_graphs`
+        events.looked_up(ctx, plan, label, comp is not None)
     if comp is not None:
-        metrics.counter("CachedCompile")
+        counters.counter("CachedCompile")
     else:
         comp, request = generic.lookup(device_key, plan) if ctx.backend.lifts_ints else (None, None)
         if comp is not None:   # a generic program of this graph's skeleton: no compile
-            metrics.counter("CachedCompile")
+            counters.counter("CachedCompile")
         else:
-            metrics.counter(metrics.COMPILE_SHAPES_PREFIX + plan.input_shapes())
+            counters.counter(counters.COMPILE_SHAPES_PREFIX + plan.input_shapes())
             comp, ok = _compile(ctx, plan, label, request.lifted if request else [])
             if request is not None:
                 comp = request.finish(comp, ok)
@@ -176,16 +172,17 @@ def _compile(ctx: Any, plan: GraphPlan, label: str,
             ok = False
             comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
         # a new graph key, but the backend had this very program compiled already
-        metrics.counter("CompileReuse" if comp.reused_program else "UncachedCompile")
+        counters.counter("CompileReuse" if comp.reused_program else "UncachedCompile")
     except Exception as e:  # noqa: BLE001 - the step must still run: interpret it eagerly
-        metrics.counter("UncachedCompile")
-        metrics.counter("CompileFallback")
+        counters.counter("UncachedCompile")
+        counters.counter("CompileFallback")
         warnings.warn(f"ltc_async: {ctx.backend.name} could not compile the graph scheduled at "
                       f"{label} ({type(e).__name__}: {e}); running it with the IR interpreter")
         comp = Interpreter(plan.order, plan.roots, ctx.backend_device)
         ok = False
-    metrics.add_sample("CompileTime", time.perf_counter() - t0)
+    counters.add_sample("CompileTime", time.perf_counter() - t0)
     return comp, ok
 
 
-metrics.before_read(flush)
+events.counters_read.subscribe(lambda _name: flush())   # compile counters exact after mark_step
+events.exit_stop.subscribe(worker.stop)

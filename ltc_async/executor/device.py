@@ -41,8 +41,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..diagnostics import hooks as _dx
-from .futures import Execution, ExecutionError, Failed, Worker, wait_async
+from ..base import events
+from .futures import Execution, ExecutionError, Failed, Worker
 
 _MASK64 = (1 << 64) - 1
 _MAX_PENDING_ERRORS = 64   # per device, until a barrier reports them
@@ -193,8 +193,8 @@ class DeviceContext:
             ex = Execution(label, self, self._seq)
             self._inflight.append(ex)
             self._last = ex
-        if _dx.on or _dx.profiler._is_profiler_enabled:   # diagnostics: timeline, profiler
-            fn = _dx.execution_job(fn, ex)
+        if events.execution_job.on:   # the timeline, the profiler
+            fn = events.execution_job.wrap(fn, ex)
         return self.worker.submit(lambda: self._run(fn, ex, slot), ex)
 
     def _run(self, fn: Callable[[Execution], Any], ex: Execution, slot: bool) -> Any:
@@ -223,12 +223,6 @@ class DeviceContext:
         raised here); False on timeout."""
         f = self._last
         return True if f is None else f.wait(timeout)
-
-    async def wait_async(self) -> None:
-        """`wait` for trio: never blocks the event loop; cancellable."""
-        f = self._last
-        if f is not None:
-            await wait_async([f])
 
     # -- errors ---------------------------------------------------------------------------
     def _record_error(self, ex: Execution, failed: Failed) -> None:

@@ -13,6 +13,14 @@ Waiting comes in two flavours over the same futures:
   wakes the task through the event loop's token.  No thread is parked per await, nothing polls,
   and a cancel scope aborts the await at once (the work itself goes on).
 
+An operation that may wait (scheduling on a full queue, `mark_step`, a read, `wait_device_ops`)
+is written once, as a generator that yields what it waits for -- a list of futures, or an empty
+list for "let others run a moment" -- and returns its result.  `twin` turns it into the
+blocking function (`run`: `wait_all` on each list) with an awaiting twin `.aio` (`run_async`:
+`wait_async`) and the generator itself as `.steps`, for other operations to `yield from`.  So
+`ltc.mark_step` and `ltc.mark_step_async` are one body.  A generator holds no lock across a
+yield, so a trio task cancelled at a yield leaves nothing behind.
+
 A `Worker` is one daemon thread running closures in FIFO order.  Nothing a closure or a
 done-callback raises can kill it: closures report through their future, callbacks are guarded
 by `concurrent.futures` (and by the worker loop as a last resort).
@@ -20,12 +28,16 @@ by `concurrent.futures` (and by the worker loop as a last resort).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import queue
 import threading
-import traceback
-from typing import Any, Callable, Iterable
+import time
+from collections.abc import Generator
+from typing import Any, Callable, Iterable, TypeVar
 
+from ..base.errors import strip_frames  # noqa: F401 - re-exported
+from ..ir.interpreter import Failed
 from ..ir.node import TensorMeta
 
 _log = logging.getLogger("ltc_async")
@@ -128,6 +140,53 @@ async def wait_async(futures: Iterable[cf.Future]) -> None:
     await trio.lowlevel.checkpoint()
 
 
+Steps = Generator[list, None, "T"]   # yields lists of futures to wait for, returns the result
+T = TypeVar("T")
+
+
+def run(steps: Steps) -> Any:
+    """Drive an operation written as a generator of waits on this thread, blocking."""
+    try:
+        while True:
+            waits = steps.send(None)
+            if waits:
+                wait_all(waits)
+            else:
+                time.sleep(0.001)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def run_async(steps: Steps) -> Any:
+    """Drive the same generator in a trio task: every wait is an await, the loop never blocks."""
+    import trio
+    try:
+        while True:
+            waits = steps.send(None)
+            if waits:
+                await wait_async(waits)
+            else:
+                await trio.sleep(0.001)
+    except StopIteration as stop:
+        return stop.value
+
+
+def twin(gen_fn: Callable[..., Steps]) -> Any:
+    """`f = twin(gen_fn)`: `f(...)` blocks, `await f.aio(...)` awaits, `f.steps(...)` is the
+    generator (see the module note)."""
+    @functools.wraps(gen_fn)
+    def blocking(*args: Any, **kwargs: Any) -> Any:
+        return run(gen_fn(*args, **kwargs))
+
+    async def awaiting(*args: Any, **kwargs: Any) -> Any:
+        return await run_async(gen_fn(*args, **kwargs))
+    awaiting.__name__ = awaiting.__qualname__ = gen_fn.__name__ + "_async"
+    awaiting.__doc__ = f"`{gen_fn.__name__}` for trio: every wait is an await."
+    blocking.aio = awaiting
+    blocking.steps = gen_fn
+    return blocking
+
+
 async def _wait_one(f: cf.Future) -> None:
     import trio
     token = trio.lowlevel.current_trio_token()
@@ -153,54 +212,19 @@ async def _wait_one(f: cf.Future) -> None:
     await trio.lowlevel.wait_task_rescheduled(abort)
 
 
-def strip_frames(error: BaseException) -> BaseException:
-    """Drop the local variables of the finished frames in `error`'s traceback (and its causes):
-    a captured error must not keep a failed step's tensors alive until someone reads it."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if e.__traceback__ is not None:
-            traceback.clear_frames(e.__traceback__)
-        e = e.__cause__ or e.__context__
-    return error
-
-
-class Failed:
-    """A value an execution could not produce.  It stands in the execution's outputs, and every
-    value computed from it (in this execution or a later one, on any device) is the same
-    `Failed`: it always names the *root* failure, so chains of failing steps neither grow nor
-    keep earlier steps alive."""
-
-    __slots__ = ("error", "where", "ctx", "label")
-
-    def __init__(self, error: BaseException, where: str) -> None:
-        self.error = strip_frames(error)
-        self.where = where        # "aten::index_select", or "execution" for a whole-graph failure
-        self.ctx: Any = None      # device and label of the execution where it happened
-        self.label = ""
-
-    def __repr__(self) -> str:
-        return f"Failed({self.root_text})"
-
-    @property
-    def root_text(self) -> str:
-        return (f"{self.where} on {self.ctx} (graph scheduled at {self.label}): "
-                f"{type(self.error).__name__}: {self.error}")
-
-    def read_error(self, f: Execution) -> ComputationError:
-        """The error for reading a tensor execution `f` should have produced."""
-        err = ComputationError()
-        if self.ctx is f.ctx and self.label == f.label:
-            text = f"the computation producing this tensor failed: {self.root_text}"
-        else:
-            err.upstream = f"the graph scheduled at {self.label} on {self.ctx}"
-            text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
-                    f"{f.label}) did not run because an input had failed: {self.root_text}")
-        err.args = (text,)
-        err.__cause__ = self.error
-        err.device, err.seq = f.ctx.device, f.seq
-        return err
+def read_error(failed: Failed, f: Execution) -> ComputationError:
+    """The error for reading a tensor execution `f` should have produced."""
+    err = ComputationError()
+    if failed.ctx is f.ctx and failed.label == f.label:
+        text = f"the computation producing this tensor failed: {failed.root_text}"
+    else:
+        err.upstream = f"the graph scheduled at {failed.label} on {failed.ctx}"
+        text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
+                f"{f.label}) did not run because an input had failed: {failed.root_text}")
+    err.args = (text,)
+    err.__cause__ = failed.error
+    err.device, err.seq = f.ctx.device, f.seq
+    return err
 
 
 class BackendData:
@@ -261,7 +285,7 @@ class BackendData:
         """
         value = self.resolve()
         if type(value) is Failed:
-            raise value.read_error(self._future)
+            raise read_error(value, self._future)
         return value
 
 

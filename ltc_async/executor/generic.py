@@ -29,9 +29,9 @@ from __future__ import annotations
 import collections
 from typing import Any, Sequence
 
-from .. import metrics
-from .._config import config
 from ..backend import Computation
+from ..base import counters
+from ..base.config import config
 from ..ir.node import DEVICE_DATA, NUM, Tag
 
 Position = tuple[int, int, "int | None"]   # (node index in post-order, template index, list index)
@@ -168,7 +168,7 @@ def lookup(device_key: str, plan: Any) -> tuple[Computation | None, Request | No
         return None, None
     differ = var.lifted | {i for i, (a, b) in enumerate(zip(ints, var.ints)) if a != b}
     if var.program is not None and differ == var.lifted:
-        metrics.counter("GenericProgramHit")
+        counters.counter("GenericProgramHit")
         return _bind(var.program, var.lifted, ints, before), None
     return None, Request(var, frozenset(differ), where, ints, before)
 

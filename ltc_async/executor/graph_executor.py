@@ -3,8 +3,8 @@
 Design note.  Scheduling `tensors` on a set of devices (`mark_step`, `sync`, a read) is:
 
 1. **reserve** an in-flight slot on every device that has pending IR to run, with no lock held
-   (a full queue waits for its oldest execution: blocking in `schedule`, awaiting in
-   `schedule_async`; both share `_try_schedule`, which never blocks);
+   (a full queue waits for its oldest execution: `schedule` is a `twin`, blocking or awaiting;
+   `_try_schedule` itself never blocks);
 2. under the devices' lockers (index order: LTC's `TensorCollectionBarrier`), per device: take
    the tensors that still hold pending IR and dedupe their (node, output) values; queue the
    graph's prepare job (post-order, exact key, cache lookup or compile: `compiler.py`, on the
@@ -28,16 +28,23 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from .. import metrics
-from .._config import config
-from ..diagnostics import hooks as _dx
+from ..base import counters, events
+from ..base.callsite import caller_location
+from ..base.config import config
+from ..ir.interpreter import Interpreter
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
 from . import compiler
 from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
-from ..callsite import caller_location
 from .device import DeviceContext, lock_devices, raise_errors
-from .futures import BackendData, ComputationError, Execution, Failed, wait_all
-from .interpreter import Interpreter
+from .futures import (
+    BackendData,
+    ComputationError,
+    Execution,
+    Failed,
+    Steps,
+    twin,
+    wait_all,
+)
 
 
 def _roots_of(tensors: Sequence[Any]) -> tuple[list[tuple[Node, int]], list[Any], list[int]]:
@@ -110,16 +117,21 @@ def _try_schedule(groups: dict[DeviceContext, Any], label: str) -> list[Executio
     return executions
 
 
-def schedule(groups: dict[DeviceContext, Any], label: str | None = None) -> list[Execution]:
-    """Cut and queue (blocking while a device's queue is full); see `_try_schedule`."""
+@twin
+def schedule(groups: dict[DeviceContext, Any], label: str | None = None) -> Steps:
+    """Cut and queue, waiting while a device's queue is full (for its oldest execution); see
+    `_try_schedule`.  Then the `scheduled` event's subscribers may wait too (recompile
+    explanations: for the prepare jobs, to warn at the caller's line)."""
     label = label or caller_location()
     while True:
         r = _try_schedule(groups, label)
         if type(r) is not _Full:
-            if _dx.on:   # diagnostics: recompile warnings at the caller's line
-                _dx.scheduled()
+            if events.scheduled.on:
+                yield from events.scheduled.waits()
             return r
-        _wait_for_slot(r.ctx)
+        oldest = r.ctx.oldest()
+        # no oldest: slots reserved by another thread that is about to queue; look again soon
+        yield [oldest] if oldest is not None else []
 
 
 def _wait_for_slot(ctx: DeviceContext) -> None:
@@ -129,25 +141,6 @@ def _wait_for_slot(ctx: DeviceContext) -> None:
     else:  # slots reserved by another thread that is about to queue: take one when free
         ctx.acquire_slot()
         ctx.release_slot()
-
-
-async def schedule_async(groups: dict[DeviceContext, Any], label: str | None = None) -> list[Execution]:
-    """`schedule` for trio: a full queue is awaited (its oldest execution), never blocked on."""
-    import trio
-
-    from .futures import wait_async
-    label = label or caller_location()
-    while True:
-        r = _try_schedule(groups, label)
-        if type(r) is not _Full:
-            if _dx.on:   # diagnostics: recompile warnings at the caller's line
-                await _dx.scheduled_async()
-            return r
-        oldest = r.ctx.oldest()
-        if oldest is not None:
-            await wait_async([oldest])
-        else:
-            await trio.sleep(0.001)
 
 
 def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
@@ -167,8 +160,8 @@ def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
     for t, r in zip(pending, which):
         t._v = (dnodes[r], 0)     # we hold ctx.lock: this is `rebind`, inlined for the hot path
         ctx.unregister(t)
-    metrics.counter("SyncTensorsGraphCount")
-    metrics.add_sample("SyncTensorsGraph", time.perf_counter() - t0)
+    counters.counter("SyncTensorsGraphCount")
+    counters.add_sample("SyncTensorsGraph", time.perf_counter() - t0)
     return ex
 
 
@@ -191,11 +184,11 @@ def _execute(ctx: DeviceContext, prepared: Any, ex: Execution) -> list[Any]:
         except Exception:  # noqa: BLE001 - salvaged below, the failing op reported
             if not config.salvage:
                 raise
-            metrics.counter("ExecutionSalvaged")
+            counters.counter("ExecutionSalvaged")
         else:
             ex.set_marker(ctx.backend, ctx.backend_device)
-            metrics.add_sample("ExecuteTime", time.perf_counter() - t0)
-            metrics.counter("ExecutedIrNodes", len(plan.order))
+            counters.add_sample("ExecuteTime", time.perf_counter() - t0)
+            counters.counter("ExecutedIrNodes", len(plan.order))
             return outs
     elif not config.salvage:   # LTC semantics: the whole graph fails with its input
         ex.failure = upstream
@@ -267,8 +260,8 @@ def needed(tensors: Sequence[Any]) -> list[Execution]:
         f = t._v[0].data.future
         if f is not None:
             found[id(f)] = f
-    if _dx.on:   # diagnostics: a host read's wait begins
-        _dx.read_begins()
+    if events.read_begins.on:   # the timeline
+        events.read_begins()
     return list(found.values())
 
 
@@ -296,17 +289,20 @@ def collect(tensors: Sequence[Any]) -> list[Any]:
             t._ctx.discard_error(data.seq)
             raise
         out.append(t._ctx.backend.to_torch(value))
-    if _dx.on:   # diagnostics: the host read has its data
-        _dx.read_ends(tensors)
+    if events.read_ends.on:   # the timeline
+        events.read_ends(tensors)
     raise_errors(coverage(tensors))
     return out
 
 
-def materialize(tensors: Sequence[Any]) -> list[Any]:
+@twin
+def materialize(tensors: Sequence[Any]) -> Steps:
     """Backend `torch.Tensor`s of lazy tensors, waiting only for the executions they need.
     Schedules exactly these tensors' pending IR (`ltc.sync`)."""
-    sync_multi(tensors)
-    wait_all(needed(tensors))
+    groups = _groups(tensors)
+    if groups:
+        yield from schedule.steps(groups)
+    yield needed(tensors)
     return collect(tensors)
 
 
@@ -328,37 +324,17 @@ def read(tensors: Sequence[Any]) -> list[Any]:
     return collect(tensors)
 
 
-async def materialize_async(tensors: Sequence[Any]) -> list[Any]:
-    """`materialize` for trio."""
-    from .futures import wait_async
-    groups = _groups(tensors)
-    if groups:
-        await schedule_async(groups)
-    await wait_async(needed(tensors))
-    return collect(tensors)
-
-
-def mark_step(ctxs: Sequence[DeviceContext]) -> list[Execution]:
+@twin
+def mark_step(ctxs: Sequence[DeviceContext]) -> Steps:
     """Cut and schedule every live tensor's graph on each of `ctxs`."""
-    metrics.counter("MarkStep")
-    return schedule({c: None for c in ctxs})
+    counters.counter("MarkStep")
+    return (yield from schedule.steps({c: None for c in ctxs}))
 
 
-async def mark_step_async(ctxs: Sequence[DeviceContext]) -> list[Execution]:
-    metrics.counter("MarkStep")
-    return await schedule_async({c: None for c in ctxs})
-
-
-def wait_device_ops(ctxs: Sequence[DeviceContext]) -> None:
-    """Block until all work queued on `ctxs` has run (kernels included); re-raise the errors
+@twin
+def wait_device_ops(ctxs: Sequence[DeviceContext]) -> Steps:
+    """Wait until all work queued on `ctxs` has run (kernels included); re-raise the errors
     of those executions, once."""
     lasts = [(c, c.last) for c in ctxs]
-    wait_all([f for _, f in lasts if f is not None])
-    raise_errors([(c, f.seq if f is not None else 0) for c, f in lasts])
-
-
-async def wait_device_ops_async(ctxs: Sequence[DeviceContext]) -> None:
-    from .futures import wait_async
-    lasts = [(c, c.last) for c in ctxs]
-    await wait_async([f for _, f in lasts if f is not None])
+    yield [f for _, f in lasts if f is not None]
     raise_errors([(c, f.seq if f is not None else 0) for c, f in lasts])

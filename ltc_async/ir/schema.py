@@ -182,3 +182,14 @@ def op_info(op: torch._ops.OpOverload) -> OpInfo:
     if info is None:
         info = _infos[id(op)] = OpInfo(op)
     return info
+
+
+_SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                 torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                 torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+                 torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def type_name(dtype: torch.dtype) -> str:
+    """PyTorch's ScalarType name (`Float`, `Long`, ...), as eager's error messages spell it."""
+    return _SCALAR_NAMES.get(dtype, str(dtype))

@@ -1,17 +1,5 @@
-"""torch.distributed collectives on views: writes reach the base, as in eager.
-
-Design note.  `c10d::allreduce_` and its friends write their tensor arguments and have no
-functional form.  PyTorch's functionalization fallback hands them the unwrapped values and keeps
-what they wrote in those values only: a collective on a *view* (`dist.all_reduce(t[2:4])`, a
-slice of a flattened gradient bucket) left the view's base unchanged, and every later read of
-the base or of another view lost the result.  Eager writes the base's memory.
-
-This module registers a Functionalize kernel for each mutating c10d op that does what
-functionalization does for an ordinary in-place op: sync and unwrap the functional tensors, run
-the op below functionalization (for `ltc` values that is `host.mutating_host_op`: the
-collective runs on host copies and the written lazy tensors take the results), then replace
-each written wrapper's value and commit the update, so the base and all its views see it.
-"""
+"""torch.distributed collectives on `ltc` tensors, queued on the device (the per-op path of
+`c10d::*_` ops; `patches/collectives.py` makes writes through views reach their base)."""
 from __future__ import annotations
 
 import itertools
@@ -20,116 +8,13 @@ import time
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 
-from .. import metrics
+from ..base import counters
+from ..base.callsite import caller_location
 from ..executor import graph_executor as gx
-from ..callsite import caller_location
 from ..executor.futures import BackendData, Failed
 from ..ir.node import make_data_node
-from ..ir.schema import op_info
 from .lazy_tensor import LtcTensor
-
-_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
-_lib: torch.library.Library | None = None
-
-
-def _unwrap(v: Any) -> Any:
-    if isinstance(v, torch.Tensor) and torch._is_functional_tensor(v):
-        torch._sync(v)
-        return torch._from_functional_tensor(v)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_unwrap(e) for e in v)
-    return v
-
-
-def _tensors(v: Any) -> list[torch.Tensor]:
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for e in v for t in _tensors(e)]
-    return []
-
-
-def _kernel(op: torch._ops.OpOverload) -> Any:
-    info = op_info(op)
-    written = info.written     # c10d ops write their first argument without saying so
-    names = info.arg_names
-
-    def functionalized(*args: Any, **kwargs: Any) -> Any:
-        inner_args = [_unwrap(a) for a in args]
-        inner_kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
-        with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
-            out = op(*inner_args, **inner_kwargs)
-        # the written wrappers take their (rebound) inner values; the update reaches the base
-        by_inner: dict[int, torch.Tensor] = {}
-        for i in written:
-            if i < len(args):
-                outer, inner = args[i], inner_args[i]
-            elif names[i] in kwargs:
-                outer, inner = kwargs[names[i]], inner_kwargs[names[i]]
-            else:
-                continue
-            for w, v in zip(_tensors(outer), _tensors(inner)):
-                if w is not v and torch._is_functional_tensor(w):
-                    torch._functionalize_replace(w, v)
-                    torch._functionalize_commit_update(w)
-                    torch._functionalize_sync(w)
-                    by_inner[id(v)] = w
-
-        def back(o: torch.Tensor) -> torch.Tensor:    # outputs aliasing written inputs are those inputs
-            w = by_inner.get(id(o))
-            return w if w is not None else (torch._to_functional_tensor(o) if o.device.type == "ltc" else o)
-        result = tree_map_only(torch.Tensor, back, out)
-        if any(_is_work(r) for r in (result if isinstance(result, tuple) else (result,))):
-            # the Work's future holds the written tensors, as c10d's own do: DDP's reducer reads
-            # its bucket's result from it (`parseCppCommHookResult`)
-            value = [by_inner.get(id(v), v) for i in written
-                     for v in _tensors(inner_args[i] if i < len(args) else inner_kwargs.get(names[i]))]
-            result = _with_work(result, _completed_work(value))
-        return result
-    return functionalized
-
-
-def _is_work(v: Any) -> bool:
-    return isinstance(v, torch._C.ScriptObject) and "Work" in str(v._type())
-
-
-def _completed_work(value: list) -> Any:
-    """A c10d Work whose future is done and holds `value` (the written tensors): the collective
-    is queued on the device, and every later use of a written tensor is ordered after it."""
-    done = torch.futures.Future()
-    done.set_result(value)
-    return torch._C._distributed_c10d._create_work_from_future(done).boxed()
-
-
-def _with_work(result: Any, work: Any) -> Any:
-    if isinstance(result, tuple):
-        return tuple(work if _is_work(r) else r for r in result)
-    return work if _is_work(result) else result
-
-
-def register() -> None:
-    """Install the kernels (once; at `import ltc_async`)."""
-    global _lib
-    if _lib is not None:
-        return
-    try:
-        import torch.distributed  # noqa: F401 - registers the c10d ops
-    except ImportError:
-        return
-    lib = torch.library.Library("c10d", "IMPL")
-    for qualname in torch._C._dispatch_get_all_op_names():
-        ns, _, name = qualname.partition("::")
-        if ns != "c10d" or not name.endswith("_"):
-            continue
-        packet = getattr(torch.ops.c10d, name)
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            if op_info(op).written:
-                lib.impl(op, _kernel(op), "Functionalize")
-    _lib = lib
-
 
 # -- queued collectives --------------------------------------------------------------------------
 #
@@ -203,8 +88,8 @@ def queue(func: Any, info: Any, args: tuple, kwargs: dict) -> Any:
     if len(ctxs) != 1 or _has_host_tensor(full):
         return NotImplemented
     ctx = next(iter(ctxs))
-    metrics.counter("Collective")
-    metrics.counter("Collective::" + info.name)
+    counters.counter("Collective")
+    counters.counter("Collective::" + info.name)
     written: list[LtcTensor] = []
     seen: set[int] = set()
     for i in info.written:
@@ -246,7 +131,7 @@ def queue(func: Any, info: Any, args: tuple, kwargs: dict) -> Any:
             for o in (out if isinstance(out, tuple) else (out,)):
                 if hasattr(o, "wait") and not isinstance(o, torch.Tensor):
                     o.wait()
-            metrics.add_sample("CollectiveTime", time.perf_counter() - t0)   # on the device queue
+            counters.add_sample("CollectiveTime", time.perf_counter() - t0)   # on the device queue
         finally:
             _release(ticket)
         return [backend.from_torch(values[id(t)], ctx.backend_device) for t in written]
@@ -258,7 +143,7 @@ def queue(func: Any, info: Any, args: tuple, kwargs: dict) -> Any:
         for j, t in enumerate(written):
             data = BackendData(ctx, t._m, future=ex, index=j)
             ctx.rebind(t, (make_data_node(data, t._m), 0))
-    metrics.add_sample("CollectiveHostTime", time.perf_counter() - t_host)   # what the caller paid
+    counters.add_sample("CollectiveHostTime", time.perf_counter() - t_host)   # what the caller paid
     done = torch.futures.Future()
     done.set_result(None)
     work = torch._C._distributed_c10d._create_work_from_future(done).boxed()

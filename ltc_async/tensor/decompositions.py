@@ -40,10 +40,11 @@ from typing import Any
 
 import torch
 
-from ..ir.schema import TENSOR_LIST, aten_schemas, op_info
-from . import lazy_tensor, shapes
-from .inplace import type_name
+from ..ir.schema import TENSOR_LIST, aten_schemas, op_info, type_name
+from . import shapes
+from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
+from .writeback import write
 
 aten = torch.ops.aten
 
@@ -124,7 +125,6 @@ def _foreach_with_scalars(func: Any, args: tuple, kwargs: dict) -> list:
         scalars = scalars.tolist()
     per_tensor = _PER_TENSOR[info.name.split(".")[0][len("_foreach_"):]]
     slot = per_tensor._schema.arguments[len(lists)]  # the scalar's argument
-    dispatch = lazy_tensor._dispatch   # straight to the op path: these are inner lazy tensors
     if slot.kwarg_only:  # `addcdiv(self, tensor1, tensor2, *, value)`
         return [dispatch(per_tensor, tuple([lst[i] for lst in lists]), {slot.name: s})
                 for i, s in enumerate(scalars)]
@@ -151,14 +151,7 @@ _fwd_ad = torch.autograd.forward_ad
 _is_functional = torch._is_functional_tensor
 _from_functional = torch._from_functional_tensor
 _fsync = torch._functionalize_sync
-_replace = torch._functionalize_replace
-_commit = torch._functionalize_commit_update
-_increment_version = torch._C._increment_version
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_is_base = torch._is_functional_tensor_base
-_use_count = torch._C._storage_Use_Count
-_set = aten.set_.source_Tensor
-_wrap = torch._to_functional_tensor
 _META = torch.device("meta")
 
 
@@ -198,31 +191,9 @@ def _inner_args(info: Any, full: list) -> list | None:
 
 
 def _write(targets: list, inner: list[LtcTensor], outs: list) -> None:
-    """Each target takes its new value, as functionalization's in-place kernels write it: the
-    value, seen through every alias, and the autograd version counter bumped.
-
-    Functionalization's way (`replace_` + `commit_update`) queues the value as an update of the
-    storage, and every view of it, the target included, regenerates from the base at its next
-    read by replaying its view chain: one Python dispatch per view.  Every parameter is such a
-    view (`nn.Parameter` detaches its data), so an optimizer step would cost one replay per
-    parameter write.  A target that is a view no other tensor shares (its storage's use count
-    is 1, plus the probe) and whose new value has its layout instead takes a fresh storage
-    holding that value (functionalization's own `set_`, which bumps the version): it is then a
-    base, whose later writes and reads replay nothing.  (The use count is read on the writing
-    thread: another thread taking a view of the same tensor at that moment races with the
-    write itself, as it would in eager code.)"""
-    bump = []
-    for t, i, o in zip(targets, inner, outs):
-        if not _is_base(t) and o._m == i._m and _use_count(t.untyped_storage()._cdata) == 2:
-            _set(t, _wrap(o))   # bumps the version (and the update below keeps the graphs: see
-            #                     `modules.own_storage`)
-        else:
-            bump.append(t)
-        _replace(t, o)
-        _commit(t)
-        _fsync(t)
-    if bump:
-        _increment_version(bump)
+    """Each target takes its new value (`writeback.write`: the value seen through every alias,
+    the version counter bumped; an unshared view with the value's layout takes a fresh storage)."""
+    write(targets, outs, layouts=[i._m for i in inner])
 
 
 def _records_autograd(full: list) -> bool:
@@ -257,7 +228,7 @@ def _inplace_foreach_kernel(inplace: Any, functional: Any) -> Callable[..., None
             if not _records_autograd(full):
                 meta_check(inplace, info, inner)   # what functionalization checks first
                 fargs, fkwargs = info.split(inner)
-                outs = lazy_tensor._dispatch(functional, tuple(fargs), fkwargs)
+                outs = dispatch(functional, tuple(fargs), fkwargs)
                 if len(written) == 1:
                     _write(full[0], inner[0], outs)
                 else:
@@ -439,7 +410,7 @@ def _fma(func: Any, args: tuple, kwargs: dict) -> Any:
     it is looked up by name."""
     a, b, c = op_info(func).bind(args, kwargs)
     mul = aten.mul.Tensor if isinstance(b, torch.Tensor) else aten.mul.Scalar
-    return lazy_tensor._dispatch(aten.add.Tensor, (lazy_tensor._dispatch(mul, (a, b), {}), c), {})
+    return dispatch(aten.add.Tensor, (dispatch(mul, (a, b), {}), c), {})
 
 
 #: decompositions of ops that may not exist when this module loads, by qualified name
@@ -452,3 +423,4 @@ DECOMPOSITIONS: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._thnn_fused_gru_cell.default: _gru_cell,
     aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
 }
+register_handlers(DECOMPOSITIONS, BY_NAME)

@@ -32,14 +32,27 @@ from typing import Any, Callable
 
 import torch
 
-from .. import metrics
+from ..base import counters
 from ..ir.schema import OpInfo, op_info
 from . import collectives, lazy_tensor
-from .decompositions import BY_NAME, DECOMPOSITIONS
 from .host import host_op, mutating_host_op
-from .special import SPECIAL
-from .strided import DECOMPOSITIONS as STRIDED
 from .trace import make_plan, trace
+
+# Ops with a path of their own (`special.py`, `decompositions.py`, `strided.py`): each of those
+# modules registers its table here when it loads (`tensor/__init__.py` loads them, before any op
+# is dispatched), and calls `dispatch` for the ops it decomposes into.  By op overload, and by
+# qualified name for ops that may not exist yet when the table loads (Inductor's prims).
+_handlers: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
+_handlers_by_name: dict[str, Callable[[Any, tuple, dict], Any]] = {}
+
+
+def register_handlers(table: dict, by_name: dict | None = None) -> None:
+    """Route the ops of `table` (and of `by_name`, by qualified name) to their handlers
+    `handler(func, args, kwargs)`.  An op has one handler: a second claim is a bug."""
+    for mine, theirs in ((_handlers, table), (_handlers_by_name, by_name or {})):
+        for op, handler in theirs.items():
+            if mine.setdefault(op, handler) is not handler:
+                raise RuntimeError(f"ltc_async: two handlers for {op}")
 
 # How each op overload is handled, decided on its first call and kept by id (OpOverload.__hash__
 # is slow Python code): a function of (args, kwargs) -- the traced path unrolled for this op
@@ -49,8 +62,7 @@ _routes: dict[int, Callable[[tuple, dict | None], Any]] = {}
 
 def _route(func: torch._ops.OpOverload) -> Callable[[tuple, dict | None], Any]:
     info = op_info(func)
-    handler = (SPECIAL.get(func) or DECOMPOSITIONS.get(func) or STRIDED.get(func)
-               or BY_NAME.get(info.qualname))
+    handler = _handlers.get(func) or _handlers_by_name.get(info.qualname)
     if handler is not None:
         def route(args: tuple, kwargs: dict | None) -> Any:
             return handler(func, args, kwargs or {})
@@ -58,7 +70,7 @@ def _route(func: torch._ops.OpOverload) -> Callable[[tuple, dict | None], Any]:
         collective = info.qualname.startswith("c10d::")
 
         def route(args: tuple, kwargs: dict | None) -> Any:
-            metrics.counter(info.counter)
+            counters.counter(info.counter)
             if collective:   # torch.distributed: queued on the device
                 out = collectives.queue(func, info, args, kwargs or {})
                 if out is not NotImplemented:
@@ -66,11 +78,11 @@ def _route(func: torch._ops.OpOverload) -> Callable[[tuple, dict | None], Any]:
             return mutating_host_op(func, info, args, kwargs or {})
     elif not info.returns_only_tensors:
         def route(args: tuple, kwargs: dict | None) -> Any:
-            metrics.counter(info.counter)
+            counters.counter(info.counter)
             return host_op(func, info, args, kwargs or {})
     elif info.seeded and not info.has_generator:
         def route(args: tuple, kwargs: dict | None) -> Any:
-            metrics.counter(info.counter)
+            counters.counter(info.counter)
             return _seeded(func, info, info.bind(args, kwargs))
     else:
         route = make_plan(func, info)   # the traced path, unrolled for this op
@@ -123,5 +135,4 @@ class BackwardErrors(threading.local):
 backward_errors = BackwardErrors()
 
 
-lazy_tensor._dispatch = dispatch
 lazy_tensor.LtcTensor.__torch_dispatch__ = classmethod(torch_dispatch)  # type: ignore[assignment]

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from .. import metrics
-from ..diagnostics import hooks as _dx
+from ..base import counters, events
 from ..executor import arena
 from ..executor import graph_executor as gx
 from ..executor.device import DeviceContext
@@ -49,7 +48,7 @@ def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
         return transfer(unwrap(host), ctx)
     if host.dim() == 0:
         return _upload_scalar(ctx, host, TensorMeta((), (), host.dtype))
-    metrics.counter("UploadTensor")
+    counters.counter("UploadTensor")
     value = ctx.backend.upload(host, ctx.backend_device)
     # the copy's own strides: dense for an expanded or strided host tensor, as `.to()` gives
     stride = tuple(ctx.backend.to_torch(value).stride())
@@ -76,7 +75,7 @@ def scalar_node(ctx: DeviceContext, host: torch.Tensor) -> Node:
         key = (ctx.index, host.dtype, exact(v))
     node = _scalar_cache.get(key)
     if node is None:
-        metrics.counter("DeviceDataCacheMiss")
+        counters.counter("DeviceDataCacheMiss")
         meta = TensorMeta((), (), host.dtype)
         data = BackendData(ctx, meta, value=ctx.backend.upload(host, ctx.backend_device))
         node = make_data_node(data, meta)
@@ -103,7 +102,7 @@ def transfer(src: LtcTensor, dst: DeviceContext) -> LtcTensor:
     """Move a lazy tensor to another lazy device, ordered after its producer, no host wait."""
     if src._ctx is dst:
         return src
-    metrics.counter("TransferToDevice")
+    counters.counter("TransferToDevice")
     data = gx.data_of(src)  # schedules src's graph on its device if still pending
     meta = src._m
     out = gx.schedule_transfer(data, dst, meta)
@@ -163,9 +162,9 @@ def _wrap_outputs(out: Any, ctx: DeviceContext) -> Any:
 def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> Any:
     """Run an op the backend cannot express eagerly on the backing device (LTC's
     `ts_eager_fallback`): sync its inputs, call the aten op, keep the result as device data."""
-    metrics.counter("EagerFallback")
-    metrics.counter("EagerFallback::" + info.name)
-    _dx.fallback(info.name, full)   # findings (op, user line); the sync guard
+    counters.counter("EagerFallback")
+    counters.counter("EagerFallback::" + info.name)
+    events.fallback(info.name, full)   # findings (op, user line); the sync guard
     n = info.n_positional_max
     args, kwargs, _ = _materialize_args(*info.split(full))
     for i, k in enumerate(info.kinds):
@@ -181,8 +180,8 @@ def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> A
 
 def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     """Ops whose result is not a tensor (`.item()`, `bool(t)`, `equal`): a data-dependent sync."""
-    metrics.counter("DataDependentSync")
-    _dx.host_read(func)   # findings (user line); the sync guard
+    counters.counter("DataDependentSync")
+    events.host_read(func)   # findings (user line); the sync guard
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     out = func(*hargs, **hkwargs)
     return _wrap_outputs(out, ctx) if ctx is not None else out
@@ -192,8 +191,8 @@ def mutating_host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     """Ops that write their arguments and have no functional form (torch.distributed's
     `c10d::allreduce_` and friends): run on host copies at this point of the program, then
     point the written lazy tensors at the results.  Device data stays immutable."""
-    metrics.counter("HostMutation")
-    metrics.counter("HostMutation::" + info.name)
+    counters.counter("HostMutation")
+    counters.counter("HostMutation::" + info.name)
     full = info.bind(args, kwargs)
     written: dict[int, LtcTensor] = {}
 

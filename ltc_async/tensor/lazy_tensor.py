@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
+from ..base import events
+from ..base.counters import _counters
+from ..ir.node import DEVICE_DATA as _DEVICE_DATA
 from ..ir.node import Node, TensorMeta
-from ..metrics import _counters, computed_counter
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
@@ -40,7 +42,10 @@ class LtcTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        return _dispatch(func, args, kwargs)
+        # replaced by the op path's entry point when `tensor/dispatch.py` loads (the class sits
+        # below the path it enters); reaching this means the package was not imported
+        raise RuntimeError(f"ltc_async: {func} reached an ltc tensor before the op path was "
+                           f"installed; import ltc_async first")
 
     def __repr__(self) -> str:  # the inner tensor: users normally see the functional wrapper
         meta = self._m
@@ -75,12 +80,16 @@ def _destroyed() -> int:
     return max(0, _counters.get("CreateLtcTensor", 0) - alive)
 
 
+@events.counters_read.subscribe
+def _count_destroyed(name: str | None) -> None:
+    if name == "DestroyLtcTensor" or name == "*":
+        _counters["DestroyLtcTensor"] = _destroyed()
+
+
+@events.counters_reset.subscribe
 def _on_reset() -> None:
     global _serial_at_reset
     _serial_at_reset = next(_serial)
-
-
-computed_counter("DestroyLtcTensor", _destroyed, _on_reset)
 
 
 def wrap(t: torch.Tensor) -> torch.Tensor:
@@ -107,7 +116,3 @@ def _describe(t: Any) -> str:
         return f"{type(t).__name__}(device={t.device}, shape={tuple(t.shape)})"
     return type(t).__name__
 
-
-# Filled in by dispatch.py (avoids an import cycle on the hot path).
-_dispatch: Any = None
-from ..ir.node import DEVICE_DATA as _DEVICE_DATA  # noqa: E402

@@ -19,13 +19,12 @@ from typing import Any, Callable
 
 import torch
 
-from .. import metrics
+from ..base import counters
 from ..executor import arena
 from ..executor import graph_executor as gx
-from ..ir.schema import op_info
+from ..ir.schema import op_info, type_name
+from .dispatch import dispatch, register_handlers
 from .host import eager_layout, transfer, upload
-from .inplace import type_name
-from . import lazy_tensor
 from .lazy_tensor import LtcTensor, make_tensor, wrap
 from .trace import check_host_arguments, trace
 
@@ -38,10 +37,10 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     device = kwargs.get("device")
     if device is not None and not isinstance(device, torch.device):
         device = torch.device(device)
-    metrics.counter("ltc::_to_copy")
+    counters.counter("ltc::_to_copy")
     if device is not None and device.type != "ltc":
         # Leaving the lazy world: wait for exactly this tensor, copy to the target device.
-        metrics.counter("TensorToHost")
+        counters.counter("TensorToHost")
         value = gx.read([x])[0]
         out = func(value, **kwargs)
         if kwargs.get("memory_format") in (None, torch.preserve_format):
@@ -53,7 +52,7 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     # differs from its target's (`f32.add_(f64)`): it stores the result inside the wrapper.
     keep_bare = _casts_inplace_result(kwargs)
     if keep_bare and not torch.can_cast(x.dtype, kwargs["dtype"]):
-        # eager rejects such a write; the checks in `inplace.py` raise before functionalization
+        # eager rejects such a write; the checks in `patches/inplace.py` raise before functionalization
         # gets here for the Python entry points, this is the safety net for the others (`out=`)
         # (the target has taken the uncast result by then: an error, not a wrong value)
         raise RuntimeError(f"result type {type_name(x.dtype)} can't be cast to the desired output "
@@ -82,7 +81,7 @@ def _copy(func: Any, args: tuple, kwargs: dict) -> Any:
     """`copy(self, src)` (what functionalization makes of `copy_`): uploads end up here."""
     self, src = args[0], args[1]
     ctx = self._ctx
-    metrics.counter("ltc::copy")
+    counters.counter("ltc::copy")
     if type(src) is not LtcTensor:
         src = upload(ctx, src)
     elif src._ctx is not ctx:
@@ -103,10 +102,10 @@ def _native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     check_host_arguments(info, full)
     inp, weight, bias, rmean, rvar, training, momentum, eps = full
     if not training or rmean is None or rvar is None:
-        metrics.counter("ltc::native_batch_norm")
+        counters.counter("ltc::native_batch_norm")
         return trace(func, info, full)
     # through the op path (its plan counts it as ltc::_native_batch_norm_legit_functional)
-    out, mean, invstd, new_mean, new_var = lazy_tensor._dispatch(_LEGIT, tuple(full), None)
+    out, mean, invstd, new_mean, new_var = dispatch(_LEGIT, tuple(full), None)
     for dst, src in ((rmean, new_mean), (rvar, new_var)):
         dst._ctx.rebind(dst, src._v)
     return out, mean, invstd
@@ -130,7 +129,7 @@ def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
     """`torch.tensor(data, device="ltc")` fills a bare lazy tensor below functionalization and
     ends with `lift_fresh` on it: this is where it enters the functional world."""
     x = args[0]
-    metrics.counter("ltc::lift_fresh")
+    counters.counter("ltc::lift_fresh")
     node, idx = x._v
     return wrap(make_tensor(x._ctx, node, idx, x._m))
 
@@ -140,7 +139,7 @@ def _same_value(func: Any, args: tuple, kwargs: dict) -> Any:
     Functionalization replays these whenever it regenerates a view of a written base (every
     parameter is a `detach` view), so they skip the generic path."""
     x = args[0]
-    metrics.counter("ltc::detach_copy" if func is aten.detach_copy.default else "ltc::alias_copy")
+    counters.counter("ltc::detach_copy" if func is aten.detach_copy.default else "ltc::alias_copy")
     return make_tensor(x._ctx, x._v[0], x._v[1], x._m)
 
 
@@ -158,3 +157,4 @@ SPECIAL: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten.detach_copy.default: _same_value,
     aten.alias_copy.default: _same_value,
 }
+register_handlers(SPECIAL)

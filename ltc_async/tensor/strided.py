@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..ir.schema import op_info
-from . import lazy_tensor
+from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
 from .trace import trace
 
@@ -54,14 +54,14 @@ def _block(x: LtcTensor, size: Any, stride: Any, offset: Any) -> tuple[int, int]
 
 
 def _op(func: Any, *args: Any) -> Any:
-    return lazy_tensor._dispatch(func, args, None)
+    return dispatch(func, args, None)
 
 
 def _flat(t: LtcTensor) -> Any:
     if not _dense(t):
         t = _op(aten.clone.default, t)   # a contiguous value (clone keeps dense layouts dense)
         if not _dense(t):
-            t = lazy_tensor._dispatch(aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
+            t = dispatch(aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
     return _op(aten.view_copy.default, t, [-1])
 
 
@@ -91,3 +91,4 @@ def as_strided_scatter(func: Any, args: tuple, kwargs: dict) -> Any:
 
 DECOMPOSITIONS = {aten.as_strided_copy.default: as_strided_copy,
                   aten.as_strided_scatter.default: as_strided_scatter}
+register_handlers(DECOMPOSITIONS)

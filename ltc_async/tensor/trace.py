@@ -24,9 +24,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .._config import config
+from ..base import counters
+from ..base.callsite import caller_location
+from ..base.config import config
 from ..executor import arena
-from ..callsite import caller_location
 from ..executor.device import DeviceContext
 from ..ir.device_checks import takes_cpu_scalars
 from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, TensorMeta, exact
@@ -34,11 +35,19 @@ from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
 from ..ir.schema import SCALAR as K_SCALAR
 from ..ir.schema import TENSOR as K_TENSOR
 from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
-from .. import metrics
 from . import shapes
 from .host import eager_fallback, scalar_node, seed_from, upload
 from .lazy_tensor import LtcTensor, make_tensor
-from .seam import NOT_A_STAND_IN, as_number, stand_ins
+
+# Wrapped numbers: 0-dim host tensors that `patches/seam.py` made from Python numbers in Tensor
+# slots (routing them to Scalar overloads where eager would); traced as the numbers again.
+stand_ins: dict[int, Any] = {}   # id(0-dim host tensor) -> the Python number it stands for
+NOT_A_STAND_IN = object()
+
+
+def as_number(t: torch.Tensor) -> Any:
+    """The Python number a 0-dim host tensor stands for, or `NOT_A_STAND_IN`."""
+    return stand_ins.get(id(t), NOT_A_STAND_IN) if stand_ins else NOT_A_STAND_IN
 
 aten = torch.ops.aten
 _SCALAR_TYPES = (int, float)  # bools stay constants: TorchScript has no bool Scalar
@@ -46,7 +55,7 @@ _INT64 = 1 << 63              # eager takes ints up to 2**64 - 1 as Scalars; Tor
 
 # Ops that read memory layout: always run eagerly on values restrided to eager's layout, as
 # the op given here.  `as_strided_copy` runs as the view: its result keeps eager's strides
-# (overlapping ones too, which `inplace.py` looks for), and values are never written anyway.
+# (overlapping ones too, which `patches/inplace.py` looks for), and values are never written anyway.
 _LAYOUT_DEPENDENT = {aten.as_strided_copy.default: aten.as_strided.default,
                      aten.as_strided_scatter.default: aten.as_strided_scatter.default,
                      aten.as_strided.default: aten.as_strided.default}
@@ -66,7 +75,7 @@ def _host_among_lazy(v: torch.Tensor, info: OpInfo) -> RuntimeError:
 def _host_argument(v: torch.Tensor, info: OpInfo, full: Sequence, pos: int) -> bool:
     """A host tensor at argument `pos` of a call on lazy tensors: raise eager CUDA's device
     error where the op would not take it (a full tensor outside the arguments it copies, a CPU
-    0-dim one where it takes no CPU scalars); True for a wrapped-number stand-in (`seam.py`)."""
+    0-dim one where it takes no CPU scalars); True for a wrapped-number stand-in (`patches/seam.py`)."""
     if pos in info.copied:
         return False
     if v.dim() != 0:
@@ -107,7 +116,7 @@ _TREFS = tuple((TENSOR, i) for i in range(256))                          # opera
 _SREFS = {t: tuple((SCALAR, k, t) for k in range(64)) for t in (int, float)}  # scalar k of type t
 _ONE = shapes.ONE                                                         # out_spec: one tensor
 _cache_get = shapes.cache.get
-_counters = metrics._counters
+_counters = counters._counters
 
 
 def _tref(i: int) -> tuple:
@@ -402,7 +411,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                         f"        {e} = None"]
             if takes_cpu_scalars(info.qualname):   # else `trace` raises eager CUDA's error
                 src += [f"    elif type({a}) is _Tensor and {a}.is_cpu and {a}.dim() == 0:",
-                        f"        if stand_ins and id({a}) in stand_ins:",   # a wrapped number: seam.py
+                        f"        if stand_ins and id({a}) in stand_ins:",   # a wrapped number: patches/seam.py
                         f"            return _trace(func, info, {full})",
                         f"        {e} = _UP"]
             src += ["    else:",

@@ -29,7 +29,7 @@ import torch
 from hypothesis import strategies as st
 
 import ltc_async as ltc
-from ltc_async.tensor.inplace import aliasing
+from ltc_async.patches.inplace import aliasing
 
 FLOATS = (torch.float32, torch.float64)
 INTS = (torch.int64, torch.int32)

@@ -2,7 +2,8 @@
 
 It is the reference semantics of the IR (the `reference` backend is just this), and the
 executor's fallback when a backend fails to compile a graph: the step still runs, eagerly.
-Values are `torch.Tensor`s on the backing device.
+Values are `torch.Tensor`s on the backing device, or `Failed` where an op raised while
+salvaging (`execute_salvaging`): the executor carries those to the tensors' readers.
 """
 from __future__ import annotations
 
@@ -10,14 +11,49 @@ from typing import Any, Sequence
 
 import torch
 
-from ..backend import Computation
-from ..ir.node import DEVICE_DATA, NUM, RNG, SCALAR, TENSOR, TENSOR_LIST, Node, Tag, const_value
-from ..ir.schema import op_info
-from .futures import Failed
+from ..base.errors import strip_frames
+from .node import (
+    DEVICE_DATA,
+    NUM,
+    RNG,
+    SCALAR,
+    TENSOR,
+    TENSOR_LIST,
+    Node,
+    Tag,
+    const_value,
+)
+from .schema import op_info
 
 
-class Interpreter(Computation):
-    """Replays the post-ordered nodes with eager aten calls."""
+class Failed:
+    """A value an execution could not produce.  It stands in the execution's outputs, and every
+    value computed from it (in this execution or a later one, on any device) is the same
+    `Failed`: it always names the *root* failure, so chains of failing steps neither grow nor
+    keep earlier steps alive."""
+
+    __slots__ = ("error", "where", "ctx", "label")
+
+    def __init__(self, error: BaseException, where: str) -> None:
+        self.error = strip_frames(error)
+        self.where = where        # "aten::index_select", or "execution" for a whole-graph failure
+        self.ctx: Any = None      # device and label of the execution where it happened
+        self.label = ""
+
+    def __repr__(self) -> str:
+        return f"Failed({self.root_text})"
+
+    @property
+    def root_text(self) -> str:
+        return (f"{self.where} on {self.ctx} (graph scheduled at {self.label}): "
+                f"{type(self.error).__name__}: {self.error}")
+
+
+class Interpreter:
+    """Replays the post-ordered nodes with eager aten calls.  A `backend.Computation` (registered
+    as one there: the IR layer does not import the seam)."""
+
+    reused_program = False
 
     def __init__(self, order: list[Node], roots: list[tuple[Node, int]], device: torch.device) -> None:
         self.device = device

@@ -43,10 +43,11 @@ from typing import Any, Callable
 
 import torch
 
-from .. import metrics
+from ..base import counters
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas, op_info
-from .lazy_tensor import unwrap
+from ..tensor.lazy_tensor import unwrap
+from ..tensor.trace import stand_ins
 
 _is_functional = torch._is_functional_tensor
 _Tensor = torch.Tensor
@@ -57,14 +58,6 @@ aten = torch.ops.aten
 # the dtype eager gives a wrapped number of each Python type (`scalar_to_tensor`)
 _WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 _PU1 = torch._C.DispatchKey.PrivateUse1   # in the dispatch key set of every call on ltc tensors
-stand_ins: dict[int, Any] = {}   # id(0-dim host tensor) -> the Python number it stands for
-NOT_A_STAND_IN = object()
-
-
-def as_number(t: torch.Tensor) -> Any:
-    """The Python number a 0-dim host tensor stands for, or `NOT_A_STAND_IN`."""
-    return stand_ins.get(id(t), NOT_A_STAND_IN) if stand_ins else NOT_A_STAND_IN
-
 
 def _number_tensor(v: Any, register: bool, made: list) -> Any:
     dtype = _WRAPPED_DTYPE.get(type(v))
@@ -163,7 +156,7 @@ def _read(values: list, device: Any = None) -> list:
     lazy = [i for i, v in enumerate(values) if isinstance(v, _Tensor) and _lazy(v)]
     if not lazy:
         return values
-    metrics.counter("TensorToHost", len(lazy))
+    counters.counter("TensorToHost", len(lazy))
     read = gx.read([unwrap(values[i]) for i in lazy])
     out = list(values)
     for i, v in zip(lazy, read):

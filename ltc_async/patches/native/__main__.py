@@ -1,4 +1,4 @@
-"""`python -m ltc_async.native [-v]`: build the native hooks for this torch (see __init__)."""
+"""`python -m ltc_async.patches.native [-v]`: build the native hooks for this torch (see __init__)."""
 import sys
 
 from . import build

@@ -27,13 +27,12 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas
-from .. import native
-from . import decompositions
-from . import dispatch as dispatch_module
-from . import autocast, collectives, fast_paths, inplace, modules, seam, storage
-from .dispatch import dispatch
-from .special import copy_into
-from .lazy_tensor import LtcTensor, unwrap, wrap
+from ..tensor import decompositions
+from ..tensor import dispatch as dispatch_module
+from ..tensor.dispatch import dispatch
+from ..tensor.lazy_tensor import LtcTensor, unwrap, wrap
+from ..tensor.special import copy_into
+from . import autocast, collectives, fast_paths, inplace, modules, native, seam, storage
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _registered = False
@@ -136,7 +135,7 @@ class _LtcDeviceModule:
     @staticmethod
     def manual_seed_all(seed: int) -> None:
         # Before the devices exist, contexts start from torch.initial_seed() anyway.
-        for ctx in (arena._contexts or ()):
+        for ctx in arena.started():
             ctx.manual_seed(seed)
 
     @staticmethod

@@ -3,22 +3,31 @@
 A foundation (it imports nothing of the package): execution labels (`caller_location`, "graph
 scheduled at file:line"), the IR's debug origins, the sync guard's and the recompile
 explanations' warnings all name the same frame, found by this one walk.  Frames skipped: the
-`ltc_async` package, its backends (`devices/`, installed as `ltc_async_devices`), torch, and
-frozen import machinery.  Generated code that must be skipped too (the per-op plans) is
+`ltc_async` package, its backends (the `ltc_async_devices` package, wherever it is installed:
+the repository's `devices/` folder in an editable install), torch, and frozen import
+machinery.  Generated code that must be skipped too (the per-op plans) is
 compiled with a file name inside the package (`tensor/trace.py`).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from types import FrameType
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))   # .../ltc_async
-SKIP_PREFIXES = (_HERE, os.path.join(os.path.dirname(_HERE), "devices"),
-                 os.path.dirname(torch.__file__), "<frozen")
-_INSTALLED_DEVICES = "ltc_async_devices"   # `devices/` as installed by a non-editable install
+
+def _folder_of(package: str) -> str | None:
+    """The folder of a top-level package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return os.path.abspath(locations[0]) + os.sep if locations else None
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # .../ltc_async/
+SKIP_PREFIXES = tuple(p for p in (_PACKAGE, _folder_of("ltc_async_devices"),
+                                  os.path.dirname(torch.__file__) + os.sep, "<frozen") if p)
 
 
 def user_frame() -> FrameType | None:
@@ -28,7 +37,7 @@ def user_frame() -> FrameType | None:
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(skip) and _INSTALLED_DEVICES not in fn:
+        if not fn.startswith(skip):
             return f
         f = f.f_back
     return None

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .lazy_tensor import LtcTensor
+from ..tensor.writeback import own_storage
 
 _state = threading.local()
 
@@ -53,32 +53,6 @@ def _retie(groups: list[list[tuple[torch.nn.Module, str, str]]]) -> None:
             continue
         for mod, table, name in slots[1:]:
             getattr(mod, table)[name] = keep
-
-
-_is_functional = torch._is_functional_tensor
-_is_base = torch._is_functional_tensor_base
-_use_count = torch._C._storage_Use_Count
-_set = torch.ops.aten.set_.source_Tensor
-
-
-def own_storage(t: torch.Tensor) -> None:
-    """Make the ltc view `t` a base of its own storage if no other tensor shares its storage
-    (see the module docstring)."""
-    if (not _is_functional(t) or _is_base(t) or t.device.type != "ltc"
-            or _use_count(t.untyped_storage()._cdata) != 2):
-        return
-    torch._functionalize_sync(t)
-    inner = torch._from_functional_tensor(t)
-    if type(inner) is not LtcTensor:
-        return
-    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(t):
-        _set(t, torch._to_functional_tensor(inner))
-        # a fresh storage is at generation 0, where views taken from it start up to date; once
-        # written (every later step) a view is regenerated at its first read (PyTorch starts
-        # views at generation 0): one update now keeps the first steps' graphs the later ones'
-        torch._functionalize_replace(t, inner)
-        torch._functionalize_commit_update(t)
-        torch._functionalize_sync(t)
 
 
 def _own_storages(root: torch.nn.Module, recurse: bool) -> None:

@@ -7,7 +7,7 @@
 // and asserts `is_pinned()` for any PrivateUse1 device.  These hooks answer what the Python ones
 // do and add a host allocator whose blocks report as pinned (ltc devices compute on the host, or
 // on CUDA, whose own pinned allocator PyTorch prefers when it is present).  PyTorch takes one
-// hooks object per process, so `ltc_async/native/__init__.py` installs these before the Python
+// hooks object per process, so `ltc_async/patches/native/__init__.py` installs these before the Python
 // ones when this file has been built (`python -m ltc_async.native`, run by `make setup`).
 #include <torch/extension.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>

@@ -40,7 +40,8 @@ from typing import Any, Callable
 
 import torch
 
-from .shapes import signature
+from ..ir.schema import type_name
+from ..tensor.shapes import signature
 
 _F = torch._C._functionalization
 _is_functional = torch._is_functional_tensor
@@ -52,17 +53,6 @@ _copy = torch.Tensor.copy_  # before `patch()` wraps it
 
 
 # -- 1. result types ----------------------------------------------------------------------------
-
-_SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
-                 torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
-                 torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
-                 torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
-
-
-def type_name(dtype: torch.dtype) -> str:
-    """PyTorch's ScalarType name (`Float`, `Long`, ...), as eager's error messages spell it."""
-    return _SCALAR_NAMES.get(dtype, str(dtype))
-
 
 def _may_widen(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     if not (self.dtype.is_floating_point or self.dtype.is_complex):

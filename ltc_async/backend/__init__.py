@@ -1,7 +1,8 @@
 """The backend seam (LTC's `BackendImplInterface`): what a device backend must provide.
 
 The core never imports a concrete backend; `ltc_async.executor.arena` loads one by name from
-the `ltc_async_devices` package (the repository's `devices/` folder).  A backend deals in
+the `ltc_async_devices` package (the repository's `devices/` folder, installed under a name of
+its own: a top-level `devices` package would collide with any other distribution's).  A backend deals in
 *values*: whatever object holds a tensor's data on its device (for TorchScript, a
 `torch.Tensor` on the backing `torch.device`).
 """
@@ -12,7 +13,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .ir.node import Node
+from ..ir.interpreter import Interpreter
+from ..ir.node import Node
 
 
 class Computation(ABC):
@@ -88,3 +90,6 @@ class Backend(ABC):
 
     def worker_init(self, device: torch.device, threads: int) -> None:
         """Called on each device worker thread when it starts."""
+
+
+Computation.register(Interpreter)   # the IR interpreter runs graphs as a Computation does

@@ -6,9 +6,9 @@ memory: `torch._C._acc.PrivateUse1Hooks` forwards only `is_available`, `has_prim
 `static_graph=True` allocates pinned memory for any PrivateUse1 device (its reducer's
 used-parameter map), failing with "implement `getPinnedMemoryAllocator`".  `pinned_hooks.cpp`
 (about 60 lines) implements the hooks in C++; PyTorch keeps the first hooks object registered
-in a process, so `load()` must run before the Python registration (`tensor/registration.py`
+in a process, so `load()` must run before the Python registration (`patches/registration.py`
 calls it first).  Building needs a C++ compiler and ninja, and takes ~40 s once per torch
-version: `python -m ltc_async.native` (run by `make setup`) builds into
+version: `python -m ltc_async.patches.native` (run by `make setup`) builds into
 `$LTC_ASYNC_NATIVE_DIR` (default `~/.cache/ltc_async/native/<torch version>-py<X.Y>`); import
 only loads a build that is there (milliseconds), never compiles.  Without one, everything but
 those two DDP options works as before.  `LTC_ASYNC_NATIVE=0` turns the loading off.
@@ -59,7 +59,9 @@ def load() -> bool:
 
 def build(verbose: bool = False) -> str:
     """Compile `pinned_hooks.cpp` for this torch (a C++ compiler and ninja needed)."""
-    from torch.utils import cpp_extension   # deliberately lazy: only the build step needs it
+    from torch.utils import (
+        cpp_extension,  # deliberately lazy: only the build step needs it
+    )
     os.makedirs(build_dir(), exist_ok=True)
     cpp_extension.load(name=NAME, sources=[SOURCE], build_directory=build_dir(), verbose=verbose)
     return _library()
