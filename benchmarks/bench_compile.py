@@ -23,31 +23,30 @@ N, so for ltc_async it is pipelined throughput (tracing step N+1 while step N ru
 of the engines are interleaved so that a noisy machine slows them alike; medians are reported
 (min in brackets).  Eager runs with as many intra-op threads as the ltc device worker.
 
-Usage:
-  python benchmarks/bench_compile.py                 # all cases
-  python benchmarks/bench_compile.py --only mlp --rounds 9 --steps 100
+Usage (from the repository root):
+  python -m benchmarks.bench_compile                 # all cases
+  python -m benchmarks.bench_compile --only mlp --rounds 9 --steps 100
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-import ltc_async as ltc
+from benchmarks import engines
+from benchmarks.cases import mlp, sgd, to_device
+from benchmarks.engines import COMPILE, EAGER, LTC, LTC_COMPILE
+from benchmarks.harness import Runner, log, md_header, md_row, median, time_steps
 from ltc_async.executor import arena
 
-ENGINES = ["eager", "ltc", "ltc+compile", "inductor", "inductor+opt"]
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+# this benchmark's names for the engines (its CLI choices and columns); inductor+opt also
+# compiles the optimizer's step
+ENGINES = {"eager": EAGER, "ltc": LTC, "ltc+compile": LTC_COMPILE, "inductor": COMPILE,
+           "inductor+opt": COMPILE}
 
 
 # -- cases ------------------------------------------------------------------------------------
@@ -55,8 +54,7 @@ def _log(msg: str) -> None:
 def _mlp_case() -> tuple[Callable[[], nn.Module], Callable[[], dict], Callable, Callable]:
     def build() -> nn.Module:
         torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                             nn.Linear(256, 10))
+        return mlp([64, 256, 256, 10])
 
     def batch() -> dict:
         g = torch.Generator().manual_seed(1)
@@ -65,9 +63,7 @@ def _mlp_case() -> tuple[Callable[[], nn.Module], Callable[[], dict], Callable, 
     def loss(model: Any, b: dict) -> torch.Tensor:
         return nn.functional.cross_entropy(model(b["x"]), b["y"])
 
-    def opt(params: Any) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    return build, batch, loss, opt
+    return build, batch, loss, sgd
 
 
 OPTIMIZER = "adamw"   # --optimizer: what the transformer cases train with
@@ -118,22 +114,13 @@ CASES = {"mlp": _mlp_case, "gpt2": lambda: _transformers_case("gpt2"),
 def make(engine: str, case: tuple) -> tuple[Callable[[], torch.Tensor], Callable[[], None]]:
     """(step, wait) for one engine on one case."""
     build, batch, loss_fn, make_opt = case
-    on_ltc = engine.startswith("ltc")
-    device = "ltc:0" if on_ltc else "cpu"
-    model = build().to(device)
+    eng = engines.get(ENGINES[engine])
+    model = build().to(eng.device)
     opt = make_opt(model.parameters())
-    fwd: Any = model
-    opt_step = opt.step
-    if engine == "ltc+compile":
-        fwd = torch.compile(model, backend="ltc")
-        opt_step = torch.compile(opt.step, backend="ltc")
-    elif engine.startswith("inductor"):
-        fwd = torch.compile(model)
-        if engine == "inductor+opt":
-            opt_step = torch.compile(opt.step)
-    b = {k: v.to(device) for k, v in batch().items()}
-    mark = ltc.mark_step if on_ltc else (lambda: None)
-    wait = ltc.wait_device_ops if on_ltc else (lambda: None)
+    fwd = eng.compile(model)
+    opt_step = eng.compile(opt.step) if engine in ("ltc+compile", "inductor+opt") else opt.step
+    b = to_device(batch(), eng.device)
+    mark = eng.mark_step
 
     def step() -> torch.Tensor:
         opt.zero_grad()
@@ -142,51 +129,40 @@ def make(engine: str, case: tuple) -> tuple[Callable[[], torch.Tensor], Callable
         opt_step()
         mark()
         return loss
-    return step, wait
+    return step, eng.wait
 
 
-def run_case(name: str, engines: list[str], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+def run_case(name: str, names: list[str], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
     case = CASES[name]()
-    ready: dict[str, tuple] = {}
     losses: dict[str, float] = {}
-    for e in engines:
-        try:
-            step, wait = make(e, case)
-            t0 = time.perf_counter()
+
+    def make_round(e: str):
+        step, wait = make(e, case)
+
+        def warm() -> None:
             for _ in range(warmup):
                 loss = step()
             wait()
             losses[e] = float(loss.detach().cpu())
-            _log(f"[{name}] {e}: warm-up {time.perf_counter() - t0:.1f}s, loss {losses[e]:.6f}")
-            ready[e] = (step, wait)
-        except Exception as exc:  # noqa: BLE001 - report, go on with the other engines
-            _log(f"[{name}] {e} FAILED: {type(exc).__name__}: {exc}")
-            traceback.print_exc()
+            log(f"[{name}] {e}: loss {losses[e]:.6f}")
+        return warm, lambda: time_steps(step, steps, wait) * 1e3
+
+    results = Runner(name, "ms/step", False, collect=False,
+                     counter=lambda e: engines.recompiles(ENGINES[e])).run(names, make_round, rounds)
     ref = losses.get("eager")
     for e, v in losses.items():
         if ref is not None and abs(v - ref) > 1e-3 * max(1.0, abs(ref)):
-            _log(f"[{name}] WARNING: {e}'s loss after warm-up {v} differs from eager's {ref}")
-    samples: dict[str, list[float]] = {e: [] for e in ready}
-    compiles = ltc.metrics.counter_value("UncachedCompile") or 0
-    for r in range(rounds):
-        for e, (step, wait) in ready.items():
-            wait()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            wait()
-            samples[e].append((time.perf_counter() - t0) / steps * 1e3)
-        _log(f"[{name}] round {r + 1}/{rounds}: " + ", ".join(f"{e}={s[-1]:.3f}" for e, s in samples.items()))
-    new = (ltc.metrics.counter_value("UncachedCompile") or 0) - compiles
+            log(f"[{name}] WARNING: {e}'s loss after warm-up {v} differs from eager's {ref}")
+    new = sum(r.recompiles_in_timing or 0 for r in results.values())
     if new:
-        _log(f"[{name}] WARNING: {new} ltc compiles during the timed rounds")
-    return samples
+        log(f"[{name}] WARNING: {new} ltc compiles during the timed rounds")
+    return {e: r.samples for e, r in results.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", action="append", choices=sorted(CASES))
-    p.add_argument("--engine", action="append", choices=ENGINES, help="default: all but inductor+opt")
+    p.add_argument("--engine", action="append", choices=list(ENGINES), help="default: all but inductor+opt")
     p.add_argument("--inductor-opt", action="store_true", help="also compile the optimizer with Inductor")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=50)
@@ -200,23 +176,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(args.switch_interval)
     global OPTIMIZER
     OPTIMIZER = args.optimizer
-    engines = args.engine or [e for e in ENGINES if e != "inductor+opt" or args.inductor_opt]
+    names = args.engine or [e for e in ENGINES if e != "inductor+opt" or args.inductor_opt]
     torch.set_num_threads(arena.get("ltc:0").threads)   # eager and Inductor: the worker's threads
-    results = {name: run_case(name, engines, args.rounds, args.steps, args.warmup)
+    results = {name: run_case(name, names, args.rounds, args.steps, args.warmup)
                for name in (args.only or list(CASES))}
     print(f"\nms/step, median of {args.rounds} rounds of {args.steps} steps [min]; "
           f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads")
-    print("| case | " + " | ".join(engines) + " | ltc+compile / eager |")
-    print("|---|" + "---:|" * (len(engines) + 1))
+    print(md_header(["case", *names, "ltc+compile / eager"], "l" + "r" * (len(names) + 1)))
     for name, samples in results.items():
         cells = []
-        for e in engines:
+        for e in names:
             s = samples.get(e)
-            cells.append(f"{statistics.median(s):.3f} [{min(s):.3f}]" if s else "failed")
+            cells.append(f"{median(s):.3f} [{min(s):.3f}]" if s else "failed")
         ratio = ""
         if samples.get("ltc+compile") and samples.get("eager"):
-            ratio = f"{statistics.median(samples['ltc+compile']) / statistics.median(samples['eager']):.2f}x"
-        print(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
+            ratio = f"{median(samples['ltc+compile']) / median(samples['eager']):.2f}x"
+        print(md_row([name, *cells, ratio]))
     return 0
 
 

@@ -2,7 +2,7 @@
 ltc_async's DDP drop-in on `ltc:0` beside PyTorch's DDP on eager CPU tensors, in the same
 processes and the same run.
 
-    python benchmarks/bench_ddp.py [--steps 30] [--rounds 3]
+    python -m benchmarks.bench_ddp [--steps 30] [--rounds 3]   # from the repository root
 
 Each rank trains an MLP (256-1024-1024-10) on its shard of a global batch of 512 (so more
 processes = less work each, the same global step).  Figures: steps/s (median over rounds,
@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import time
+
+from benchmarks.harness import md_header, md_row, median, noop, rerun, time_steps
 
 
 def _rank_main(steps: int, rounds: int) -> None:
@@ -30,6 +30,7 @@ def _rank_main(steps: int, rounds: int) -> None:
     import torch.distributed as dist
 
     import ltc_async as ltc
+    from benchmarks.cases import mlp, sgd
     from ltc_async.parallel import DistributedDataParallel
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -38,8 +39,7 @@ def _rank_main(steps: int, rounds: int) -> None:
 
     def model() -> torch.nn.Module:
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
-                                   torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        return mlp([256, 1024, 1024, 10])
     x = torch.randn(512 // world, 256)
     y = torch.randint(0, 10, (512 // world,))
 
@@ -52,7 +52,8 @@ def _rank_main(steps: int, rounds: int) -> None:
         else:
             net = torch.nn.parallel.DistributedDataParallel(m)
             xb, yb = x, y
-        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        opt = sgd(m.parameters())
+        wait = ltc.wait_device_ops if device else noop
 
         def step() -> None:
             opt.zero_grad()
@@ -62,18 +63,12 @@ def _rank_main(steps: int, rounds: int) -> None:
                 ltc.mark_step()
         for _ in range(3):
             step()
-        if device:
-            ltc.wait_device_ops()
+        wait()
         rates, busy, comm, host = [], [], [], []
         for _ in range(rounds):
             dist.barrier()
             ltc.metrics.reset()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            if device:
-                ltc.wait_device_ops()
-            wall = time.perf_counter() - t0
+            wall = time_steps(step, steps, wait) * steps
             rates.append(steps / wall)
             if device:
                 busy.append(ltc.metrics.metric_data("ExecuteTime")[1] / wall)
@@ -81,9 +76,8 @@ def _rank_main(steps: int, rounds: int) -> None:
                 h = ltc.metrics.metric_data("CollectiveHostTime")
                 comm.append(c[1] / steps if c else 0.0)     # communication per step (device queue)
                 host.append(h[1] / steps if h else 0.0)     # what the host paid per step for it
-        med = statistics.median
-        return (med(rates), med(busy) if busy else 0.0, med(comm) if comm else 0.0,
-                med(host) if host else 0.0)
+        return (median(rates), median(busy) if busy else 0.0, median(comm) if comm else 0.0,
+                median(host) if host else 0.0)
 
     eager_rate = run(None)[0]
     own_rate = run("ltc:0", own=True)[0]
@@ -100,7 +94,7 @@ def _launch(world: int, steps: int, rounds: int) -> list[float]:
         port = s.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": str(world), "LTC_ASYNC_DEVICES": "cpu", "LTC_ASYNC_CPU_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank-main", str(steps), str(rounds)],
+    procs = [subprocess.Popen(rerun(__spec__, "--rank-main", str(steps), str(rounds)),
                               env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True)
              for r in range(world)]
     out = [p.communicate(timeout=900)[0] for p in procs]
@@ -117,14 +111,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     res = {w: _launch(w, args.steps, args.rounds) for w in (1, 2)}
-    print("| processes | torch DDP, eager CPU (steps/s) | torch DDP on ltc (steps/s) | ltc / eager "
-          "| ltc_async's own DDP on ltc (steps/s) | own / torch DDP on ltc | ltc device busy "
-          "| all-reduce per step (device queue) | host time in it per step | hidden from the host |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(md_header(["processes", "torch DDP, eager CPU (steps/s)", "torch DDP on ltc (steps/s)",
+                     "ltc / eager", "ltc_async's own DDP on ltc (steps/s)", "own / torch DDP on ltc",
+                     "ltc device busy", "all-reduce per step (device queue)", "host time in it per step",
+                     "hidden from the host"], "r" * 10))
     for w, (e, l, b, c, h, o) in res.items():
         hidden = f"{1 - h / c:.0%}" if c > 0 else "n/a"
-        print(f"| {w} | {e:.2f} | {l:.2f} | {l / e:.2f}x | {o:.2f} | {o / l:.2f}x | {b:.0%} "
-              f"| {c * 1e3:.2f} ms | {h * 1e3:.3f} ms | {hidden} |")
+        print(md_row([w, f"{e:.2f}", f"{l:.2f}", f"{l / e:.2f}x", f"{o:.2f}", f"{o / l:.2f}x", f"{b:.0%}",
+                      f"{c * 1e3:.2f} ms", f"{h * 1e3:.3f} ms", hidden]))
     print(f"\nscaling 1 -> 2 processes: eager {res[2][0] / res[1][0]:.2f}x, "
           f"torch DDP on ltc {res[2][1] / res[1][1]:.2f}x, own DDP {res[2][5] / res[1][5]:.2f}x")
     return 0

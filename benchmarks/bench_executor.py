@@ -12,20 +12,22 @@ Sections (select with --only, repeatable; default: all):
              fraction (sum of ExecuteTime / wall) with the bounded queue, and how long each
              `mark_step` waited once the queue was full (about one execution: the oldest).
 
-Medians over rounds; everything in one process, one run.  Usage:
-  python benchmarks/bench_executor.py [--only miss] [--rounds N]
+Medians over rounds; everything in one process, one run.  Usage (from the repository root):
+  python -m benchmarks.bench_executor [--only miss] [--rounds N]
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import time
 
 import torch
 import trio
 
 import ltc_async as ltc
+from benchmarks import engines
+from benchmarks.cases import mlp
+from benchmarks.harness import md_header, md_row, median, trace_and_mark
 
 
 def _fresh_chain(x: torch.Tensor, n: int, salt: int) -> torch.Tensor:
@@ -36,14 +38,12 @@ def _fresh_chain(x: torch.Tensor, n: int, salt: int) -> torch.Tensor:
 
 
 def bench_miss(rounds: int) -> list[str]:
-    import torch._lazy
-    import torch._lazy.ts_backend
-    torch._lazy.ts_backend.init()
-    lines = ["| graph (ops) | ltc_async mark_step (ms) | its compile (ms) | ratio | torch._lazy mark_step (ms) |",
-             "|---:|---:|---:|---:|---:|"]
+    lazy = engines.torch_lazy()
+    lines = [md_header(["graph (ops)", "ltc_async mark_step (ms)", "its compile (ms)", "ratio",
+                        "torch._lazy mark_step (ms)"], "rrrrr")]
     x = torch.randn(32, 32).to("ltc:0")
     lx = torch.randn(32, 32).to("lazy")
-    torch._lazy.mark_step()
+    lazy.mark_step()
     salt = 0
     for n in (167, 500, 1000):
         marks, compiles, lazies = [], [], []
@@ -59,17 +59,13 @@ def bench_miss(rounds: int) -> list[str]:
             del y
             ly = _fresh_chain(lx, n + salt, salt)
             t0 = time.perf_counter()
-            torch._lazy.mark_step()
+            lazy.mark_step()
             lazies.append(time.perf_counter() - t0)
-            torch._lazy.wait_device_ops()
+            lazy.wait_device_ops()
             del ly
-        m, c, lz = (statistics.median(v) * 1e3 for v in (marks, compiles, lazies))
-        lines.append(f"| {3 * n} | {m:.2f} | {c:.1f} | {m / c:.1%} | {lz:.1f} |")
+        m, c, lz = (median(v) * 1e3 for v in (marks, compiles, lazies))
+        lines.append(md_row([3 * n, f"{m:.2f}", f"{c:.1f}", f"{m / c:.1%}", f"{lz:.1f}"]))
     return lines
-
-
-def _mlp(width: int) -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
 
 
 def bench_heartbeat(rounds: int, freeze: bool) -> list[str]:
@@ -77,7 +73,7 @@ def bench_heartbeat(rounds: int, freeze: bool) -> list[str]:
 
     async def loop(width: int) -> tuple[float, float, float, int]:
         torch.manual_seed(0)
-        model = _mlp(width).to("ltc:0")   # a width no earlier round used: every graph compiles
+        model = mlp([64, width, 10]).to("ltc:0")   # a width no earlier round used: every graph compiles
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         ticks: list[float] = []
         awaiting: list[tuple[float, float]] = []
@@ -128,12 +124,10 @@ def bench_heartbeat(rounds: int, freeze: bool) -> list[str]:
             results.append(trio.run(loop, 256 + 8 * r + (4 if freeze else 0)))
         finally:
             gc.unfreeze()
-    overall = statistics.median(r[0] for r in results) * 1e3
-    inside = statistics.median(r[1] for r in results) * 1e3
-    wall = statistics.median(r[2] for r in results) * 1e3
-    recompiles = statistics.median(r[3] for r in results)
+    overall, inside, wall, recompiles = (median(r[i] for r in results) for i in range(4))
     tag = "gc.freeze() after setup" if freeze else "default gc"
-    return [f"| {tag} | {inside:.1f} | {overall:.1f} | {wall / steps:.1f} | {recompiles:.0f} |"]
+    return [md_row([tag, f"{inside * 1e3:.1f}", f"{overall * 1e3:.1f}", f"{wall * 1e3 / steps:.1f}",
+                    f"{recompiles:.0f}"])]
 
 
 def bench_queue(rounds: int) -> list[str]:
@@ -158,20 +152,16 @@ def bench_queue(rounds: int) -> list[str]:
         ltc.metrics.reset()
         t0 = time.perf_counter()
         for _ in range(steps):
-            t1 = time.perf_counter()
-            y = heavy(x, n)
-            t2 = time.perf_counter()
-            ltc.mark_step()
-            waits.append(time.perf_counter() - t2)
-            traces.append(t2 - t1)
-            del y
+            t, m = trace_and_mark(lambda: heavy(x, n), ltc.mark_step)
+            traces.append(t)
+            waits.append(m)
         ltc.wait_device_ops()
         wall = time.perf_counter() - t0
         busy.append(ltc.metrics.metric_data("ExecuteTime")[1] / wall)
-    execute = statistics.median(ltc.metrics.metric_data("ExecuteTime")[2]) * 1e3
+    execute = median(ltc.metrics.metric_data("ExecuteTime")[2]) * 1e3
     full_waits = sorted(waits)[len(waits) // 2:]   # the steps that found the queue full
-    return [f"| {statistics.median(traces) * 1e3:.1f} | {execute:.1f} | "
-            f"{statistics.median(full_waits) * 1e3:.1f} | {statistics.median(busy):.1%} |"]
+    return [md_row([f"{median(traces) * 1e3:.1f}", f"{execute:.1f}", f"{median(full_waits) * 1e3:.1f}",
+                    f"{median(busy):.1%}"])]
 
 
 def main(argv=None) -> int:
@@ -187,14 +177,14 @@ def main(argv=None) -> int:
         print("\n".join(bench_miss(args.rounds)))
     if "heartbeat" in only:
         print("\n## trio heartbeat (1 ms) during a training loop that recompiles\n")
-        print("| process | longest gap while awaiting twins (ms) | longest gap overall (ms) | ms/step | graph-cache misses |")
-        print("|---|---:|---:|---:|---:|")
+        print(md_header(["process", "longest gap while awaiting twins (ms)", "longest gap overall (ms)",
+                         "ms/step", "graph-cache misses"], "lrrrr"))
         for freeze in (False, True):
             print("\n".join(bench_heartbeat(args.rounds, freeze)))
     if "queue" in only:
         print("\n## host ahead of the device: full queue\n")
-        print("| trace (ms/step) | execute (ms/step) | mark_step wait when full (ms) | device busy |")
-        print("|---:|---:|---:|---:|")
+        print(md_header(["trace (ms/step)", "execute (ms/step)", "mark_step wait when full (ms)",
+                         "device busy"], "rrrr"))
         print("\n".join(bench_queue(args.rounds)))
     return 0
 

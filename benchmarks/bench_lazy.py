@@ -23,11 +23,11 @@ Sections (select with --only, repeatable; default: all):
          tanh(x @ x), 768x768) on ltc:0 alone vs on ltc:0 and ltc:1 at once; (b) DataParallel
          training (MLP 256-1024-1024-10, batch 512) on [ltc:0] vs [ltc:0, ltc:1].
 
-Usage:
-  python benchmarks/bench_lazy.py            # full run
-  python benchmarks/bench_lazy.py --quick    # CI smoke run (few repetitions)
-  python benchmarks/bench_lazy.py --only trace --only mlp
-  python benchmarks/bench_lazy.py --only overlap --only devices
+Usage (from the repository root):
+  python -m benchmarks.bench_lazy            # full run
+  python -m benchmarks.bench_lazy --quick    # CI smoke run (few repetitions)
+  python -m benchmarks.bench_lazy --only trace --only mlp
+  python -m benchmarks.bench_lazy --only overlap --only devices
 """
 from __future__ import annotations
 
@@ -36,144 +36,23 @@ import gc
 import json
 import math
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
-import torch.nn as nn
+
+from benchmarks import engines
+from benchmarks.cases import MLPStep, chain, mlp, sgd
+from benchmarks.engines import COMPILE, EAGER, LAZY, LTC
+from benchmarks.harness import (Result, Runner, fail, log, machine_info, md_header, md_row, median,
+                                rerun, short_error, time_steps, trace_and_mark)
 
 # Both lazy engines live side by side in this process: torch._lazy owns device "lazy",
 # ltc_async owns device "ltc".
-import torch._lazy
-import torch._lazy.metrics
-import torch._lazy.ts_backend
-
-torch._lazy.ts_backend.init()
+engines.torch_lazy()
 
 import ltc_async as ltc  # noqa: E402
-
-EAGER, LAZY, LTC, COMPILE = "eager", "torch._lazy", "ltc_async", "torch.compile"
-
-
-# --------------------------------------------------------------------------------------------
-# Engines
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Engine:
-    name: str
-    device: str
-    mark_step: Callable[[], None]
-    wait: Callable[[], None]
-    recompiles: Callable[[], int | None]  # cumulative count of uncached compiles, if known
-
-
-def _noop() -> None:
-    pass
-
-
-def _lazy_recompiles() -> int | None:
-    return torch._lazy.metrics.counter_value("UncachedCompile") or 0
-
-
-def _ltc_recompiles() -> int | None:
-    return ltc.metrics.counter_value("UncachedCompile") or 0
-
-
-ENGINES = {
-    EAGER: Engine(EAGER, "cpu", _noop, _noop, lambda: None),
-    LAZY: Engine(LAZY, "lazy", torch._lazy.mark_step, torch._lazy.wait_device_ops,
-                 _lazy_recompiles),
-    LTC: Engine(LTC, "ltc:0", ltc.mark_step, ltc.wait_device_ops, _ltc_recompiles),
-    # torch.compile runs on the eager CPU device; only the model is compiled.
-    COMPILE: Engine(COMPILE, "cpu", _noop, _noop, lambda: None),
-}
-
-
-# --------------------------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Result:
-    section: str
-    engine: str
-    unit: str                    # "us/op", "ms/step", "steps/s"
-    higher_is_better: bool
-    samples: list[float] = field(default_factory=list)
-    error: str | None = None
-    recompiles_in_timing: int | None = None
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.samples) if self.samples and not self.error else None
-
-
-def _short_error(exc: BaseException) -> str:
-    msg = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ").replace("|", "\\|")
-    return msg if len(msg) <= 160 else msg[:157] + "..."
-
-
-class Runner:
-    """Runs interleaved rounds of several engine cases and collects per-round samples.
-
-    A case is a factory `make(engine) -> (warmup_fn, round_fn)`; `round_fn()` returns one sample
-    in the section's unit. An exception disables that engine for the rest of the section and is
-    reported (with traceback on stderr); the other engines continue.
-    """
-
-    def __init__(self, section: str, unit: str, higher_is_better: bool):
-        self.section, self.unit, self.hib = section, unit, higher_is_better
-
-    def run(self, engines: list[str], make, rounds: int) -> dict[str, Result]:
-        results = {e: Result(self.section, e, self.unit, self.hib) for e in engines}
-        cases = {}
-        for name in engines:
-            try:
-                warmup, one_round = make(ENGINES[name])
-                _log(f"[{self.section}] warming up {name} ...")
-                t0 = time.perf_counter()
-                warmup()
-                _log(f"[{self.section}]   {name} warm-up took {time.perf_counter() - t0:.1f}s")
-                cases[name] = one_round
-            except Exception as exc:  # report, keep going with the other engines
-                self._fail(results[name], exc)
-        for r in range(rounds):
-            for name in list(cases):
-                before = ENGINES[name].recompiles()
-                try:
-                    gc.collect()
-                    sample = cases[name]()
-                except Exception as exc:
-                    self._fail(results[name], exc)
-                    del cases[name]
-                    continue
-                after = ENGINES[name].recompiles()
-                res = results[name]
-                res.samples.append(sample)
-                if before is not None and after is not None:
-                    res.recompiles_in_timing = (res.recompiles_in_timing or 0) + after - before
-            _log(f"[{self.section}] round {r + 1}/{rounds}: " + ", ".join(
-                f"{n}={results[n].samples[-1]:.4g}" for n in cases if results[n].samples))
-        return results
-
-    def _fail(self, res: Result, exc: BaseException) -> None:
-        _fail(self.section, res, exc)
-
-
-def _fail(section: str, res: Result, exc: BaseException) -> None:
-    """Record `exc` as the result's error; log it with its traceback on stderr."""
-    res.error = _short_error(exc)
-    _log(f"[{section}] {res.engine} FAILED: {res.error}")
-    traceback.print_exception(exc, file=sys.stderr)
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,21 +62,17 @@ def bench_trace(args) -> dict[str, Result]:
     n_ops = args.trace_ops
     base_x = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
 
-    def make(eng: Engine):
+    def make(name: str):
+        eng = engines.get(name)
+
         def one_round() -> float:
             x = base_x.to(eng.device)
             y = x.clone()
-            eng.mark_step()          # materialize the inputs: the chain starts from device data
-            eng.wait()
-            t0 = time.perf_counter()
-            for i in range(n_ops // 2):
-                y = y * 1.0001
-                y = y + x
-            t1 = time.perf_counter()
-            eng.mark_step()          # outside the timed region; result discarded
-            eng.wait()
+            eng.sync()               # materialize the inputs: the chain starts from device data
+            y, wall, _ = chain(x, y, n_ops)
+            eng.sync()               # outside the timed region; result discarded
             del x, y
-            return (t1 - t0) / n_ops * 1e6
+            return wall / n_ops * 1e6
 
         def warmup() -> None:
             for _ in range(2):       # first round compiles the 2000-op graph, second hits cache
@@ -211,77 +86,45 @@ def bench_trace(args) -> dict[str, Result]:
 # --------------------------------------------------------------------------------------------
 # (b)/(c) MLP training step
 # --------------------------------------------------------------------------------------------
-def _mlp(widths: list[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(widths) - 1):
-        layers.append(nn.Linear(widths[i], widths[i + 1]))
-        if i < len(widths) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 def _train_case(widths: list[int], batch: int, steps: int, warmup_steps: int):
-    """Returns make(engine) -> (warmup, round) with round() = wall seconds per step."""
+    """Returns make(engine name) -> (warmup, round) with round() = wall seconds per step."""
 
-    def make(eng: Engine):
-        torch.manual_seed(0)
-        model = _mlp(widths)
-        x_cpu = torch.randn(batch, widths[0])
-        t_cpu = torch.randint(0, widths[-1], (batch,))
-        model = model.to(eng.device)
-        fwd = torch.compile(model) if eng.name == COMPILE else model
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        loss_fn = nn.CrossEntropyLoss()
-        x, t = x_cpu.to(eng.device), t_cpu.to(eng.device)
-        eng.mark_step()
-        eng.wait()
-
-        def step():
-            opt.zero_grad()
-            loss = loss_fn(fwd(x), t)
-            loss.backward()
-            opt.step()
-            eng.mark_step()
-            return loss
-
-        def warmup() -> None:
-            for _ in range(warmup_steps):
-                loss = step()
-            eng.wait()
-            v = float(loss.detach().cpu())  # sanity check (a sync), outside any timed region
-            if not math.isfinite(v):
-                raise RuntimeError(f"non-finite loss after warm-up: {v}")
-
-        def one_round() -> float:
-            eng.wait()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            eng.wait()
-            return (time.perf_counter() - t0) / steps
-
-        return warmup, one_round
+    def make(name: str):
+        eng = engines.get(name)
+        step = MLPStep(widths, batch, eng)
+        return (lambda: _warmup(step, eng, warmup_steps)), lambda: time_steps(step, steps, eng.wait)
 
     return make
+
+
+def _warmup(step: MLPStep, eng: engines.Engine, steps: int) -> None:
+    # The loss is kept alive across mark_step everywhere (as a loop that logs it would), so the
+    # warm-up compiles exactly the graph that the timed steps run.
+    for _ in range(steps):
+        loss = step()
+    eng.wait()
+    v = float(loss.detach().cpu())  # sanity check (a sync), outside any timed region
+    if not math.isfinite(v):
+        raise RuntimeError(f"non-finite loss after warm-up: {v}")
 
 
 def bench_mlp(args) -> dict[str, Result]:
     make_s = _train_case([64, 256, 256, 10], 64, args.mlp_steps, args.mlp_warmup)
 
-    def make(eng):  # ms/step
-        warmup, one_round = make_s(eng)
+    def make(name):  # ms/step
+        warmup, one_round = make_s(name)
         return warmup, lambda: one_round() * 1e3
 
-    engines = [EAGER, LAZY, LTC] + ([] if args.no_compile else [COMPILE])
-    return Runner("mlp", "ms/step", False).run(engines, make, args.mlp_rounds)
+    names = [EAGER, LAZY, LTC] + ([] if args.no_compile else [COMPILE])
+    return Runner("mlp", "ms/step", False).run(names, make, args.mlp_rounds)
 
 
 def bench_big(args) -> dict[str, Result]:
     h = 2048
     make_s = _train_case([h, h, h, h, 10], 512, args.big_steps, args.big_warmup)
 
-    def make(eng):  # steps/s
-        warmup, one_round = make_s(eng)
+    def make(name):  # steps/s
+        warmup, one_round = make_s(name)
         return warmup, lambda: 1.0 / one_round()
 
     return Runner("big", "steps/s", True).run([EAGER, LAZY, LTC], make, args.big_rounds)
@@ -296,32 +139,12 @@ def _ms(v: float) -> float:
 
 def _ltc_overlap_case(widths: list[int], batch: int, warmup_steps: int):
     """ltc_async training step on ltc:0 with the host / device time split out."""
-    torch.manual_seed(0)
-    model = _mlp(widths).to("ltc:0")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, widths[0]).to("ltc:0")
-    t = torch.randint(0, widths[-1], (batch,)).to("ltc:0")
-    ltc.mark_step()
-    ltc.wait_device_ops()
-
-    # The loss is kept alive across mark_step everywhere (as a loop that logs it would), so the
-    # warm-up compiles exactly the graph that the timed steps run.
-    def trace_step():  # everything but mark_step: pure tracing on the Python thread
-        opt.zero_grad()
-        loss = loss_fn(model(x), t)
-        loss.backward()
-        opt.step()
-        return loss
+    eng = engines.get(LTC)
+    step = MLPStep(widths, batch, eng)
+    trace_step = step.trace  # everything but mark_step: pure tracing on the Python thread
 
     def warmup() -> None:
-        for _ in range(warmup_steps):
-            loss = trace_step()
-            ltc.mark_step()
-        ltc.wait_device_ops()
-        v = float(loss.detach().cpu())
-        if not math.isfinite(v):
-            raise RuntimeError(f"non-finite loss after warm-up: {v}")
+        _warmup(step, eng, warmup_steps)
 
     def _execute_samples() -> tuple[int, list[float]]:
         data = ltc.metrics.metric_data("ExecuteTime")
@@ -335,20 +158,15 @@ def _ltc_overlap_case(widths: list[int], batch: int, warmup_steps: int):
         tracing, marking = [], []
         t0 = time.perf_counter()
         for _ in range(steps):
-            a = time.perf_counter()
-            loss = trace_step()
-            b = time.perf_counter()
-            ltc.mark_step()
-            c = time.perf_counter()
-            tracing.append(b - a)
-            marking.append(c - b)
-            del loss
+            t, m = trace_and_mark(trace_step, ltc.mark_step)
+            tracing.append(t)
+            marking.append(m)
         ltc.wait_device_ops()
         wall = time.perf_counter() - t0
         n_exec, execs = _execute_samples()
         return dict(step=wall / steps, wall=wall, tracing=tracing, marking=marking,
                     execute=execs, n_exec=n_exec,
-                    recompiles=ltc.metrics.counter_value("UncachedCompile") or 0)
+                    recompiles=engines.ltc_compiles())
 
     def isolated_round(steps: int) -> dict:
         """Each step starts with an idle device: host time and device time without overlap."""
@@ -357,17 +175,12 @@ def _ltc_overlap_case(widths: list[int], batch: int, warmup_steps: int):
             ltc.wait_device_ops()
             gc.collect()
             ltc.metrics.reset()
-            a = time.perf_counter()
-            loss = trace_step()
-            ltc.mark_step()
-            c = time.perf_counter()
-            del loss
+            host.append(sum(trace_and_mark(trace_step, ltc.mark_step)))
             ltc.wait_device_ops()
-            host.append(c - a)
             k, samples = _execute_samples()
             n_exec += k
             execs += samples
-            recompiles += ltc.metrics.counter_value("UncachedCompile") or 0
+            recompiles += engines.ltc_compiles()
         return dict(host=host, execute=execs, n_exec=n_exec, recompiles=recompiles)
 
     return warmup, steady_round, isolated_round
@@ -376,51 +189,23 @@ def _ltc_overlap_case(widths: list[int], batch: int, warmup_steps: int):
 def bench_overlap(args) -> dict[str, Result]:
     h = 2048
     widths, batch, steps = [h, h, h, h, 10], 512, args.overlap_steps
-    results = {e: Result("overlap", e, "steps/s", True) for e in (EAGER, LAZY, LTC)}
     detail = dict(steady=[], isolated=[])
     ref_make = _train_case(widths, batch, steps, args.overlap_warmup)
-    cases: dict[str, Callable[[], None]] = {}
-    for name in (EAGER, LAZY, LTC):
-        try:
-            if name == LTC:
-                warmup, steady, isolated = _ltc_overlap_case(widths, batch, args.overlap_warmup)
-            else:
-                warmup, one_round = ref_make(ENGINES[name])
-            _log(f"[overlap] warming up {name} ...")
-            t0 = time.perf_counter()
-            warmup()
-            _log(f"[overlap]   {name} warm-up took {time.perf_counter() - t0:.1f}s")
-            if name == LTC:
-                def ltc_round(steady=steady, isolated=isolated) -> float:
-                    s = steady(steps)
-                    detail["steady"].append(s)
-                    detail["isolated"].append(isolated(args.overlap_iso_steps))
-                    res = results[LTC]
-                    res.recompiles_in_timing = (res.recompiles_in_timing or 0) + s["recompiles"]
-                    return 1.0 / s["step"]
-                cases[name] = ltc_round
-            else:
-                def ref_round(name=name, one_round=one_round) -> float:
-                    before = ENGINES[name].recompiles()
-                    gc.collect()
-                    v = 1.0 / one_round()
-                    after = ENGINES[name].recompiles()
-                    if before is not None and after is not None:
-                        res = results[name]
-                        res.recompiles_in_timing = (res.recompiles_in_timing or 0) + after - before
-                    return v
-                cases[name] = ref_round
-        except Exception as exc:
-            _fail(results[name].section, results[name], exc)
-    for r in range(args.overlap_rounds):
-        for name in list(cases):
-            try:
-                results[name].samples.append(cases[name]())
-            except Exception as exc:
-                _fail(results[name].section, results[name], exc)
-                del cases[name]
-        _log(f"[overlap] round {r + 1}/{args.overlap_rounds}: " + ", ".join(
-            f"{n}={results[n].samples[-1]:.4g} steps/s" for n in cases if results[n].samples))
+
+    def make(name: str):
+        if name != LTC:
+            warmup, one_round = ref_make(name)
+            return warmup, lambda: 1.0 / one_round()
+        warmup, steady, isolated = _ltc_overlap_case(widths, batch, args.overlap_warmup)
+
+        def ltc_round() -> tuple[float, int]:
+            s = steady(steps)
+            detail["steady"].append(s)
+            detail["isolated"].append(isolated(args.overlap_iso_steps))
+            return 1.0 / s["step"], s["recompiles"]
+        return warmup, ltc_round
+
+    results = Runner("overlap", "steps/s", True).run([EAGER, LAZY, LTC], make, args.overlap_rounds)
     OVERLAP_DETAIL.clear()
     if detail["steady"] and detail["isolated"] and not results[LTC].error:
         OVERLAP_DETAIL.update(_overlap_summary(detail, steps))
@@ -431,7 +216,7 @@ OVERLAP_DETAIL: dict = {}
 
 
 def _overlap_summary(detail: dict, steps: int) -> dict:
-    med = statistics.median
+    med = median
     steady, iso = detail["steady"], detail["isolated"]
     trace = med([v for d in iso for v in d["host"]])
     execute = med([v for d in iso for v in d["execute"]])
@@ -465,11 +250,11 @@ _CHILD_MARK = "@@bench_lazy_devices_json "
 def bench_devices(args) -> dict[str, Result]:
     """Runs the devices section in a child process (the device set is fixed per process)."""
     env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,cpu")
-    cmd = [sys.executable, os.path.abspath(__file__), "--devices-child",
-           "--devices-rounds", str(args.devices_rounds),
-           "--devices-graph-iters", str(args.devices_graph_iters),
-           "--dp-steps", str(args.dp_steps), "--dp-warmup", str(args.dp_warmup)]
-    _log(f"[devices] child: LTC_ASYNC_DEVICES=cpu,cpu {' '.join(cmd[1:])}")
+    cmd = rerun(__spec__, "--devices-child",
+                "--devices-rounds", str(args.devices_rounds),
+                "--devices-graph-iters", str(args.devices_graph_iters),
+                "--dp-steps", str(args.dp_steps), "--dp-warmup", str(args.dp_warmup))
+    log(f"[devices] child: LTC_ASYNC_DEVICES=cpu,cpu {' '.join(cmd[1:])}")
     results: dict[str, Result] = {}
     try:
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=None, text=True,
@@ -481,7 +266,7 @@ def bench_devices(args) -> dict[str, Result]:
         payload = json.loads(lines[-1][len(_CHILD_MARK):])
     except Exception as exc:
         res = Result("devices", LTC, "-", False)
-        _fail(res.section, res, exc)
+        fail(res, exc)
         return {"devices": {LTC: res}}  # type: ignore[dict-item]
     DEVICES_INFO.clear()
     DEVICES_INFO.update(payload["info"])
@@ -505,13 +290,13 @@ def devices_child(args) -> int:
     info = dict(devices=[str(d) for d in devs],
                 backend=[str(ltc.backend_device(d)) for d in devs],
                 torch_threads=torch.get_num_threads(), threads_per_device=threads)
-    _log(f"[devices] child: {info}")
+    log(f"[devices] child: {info}")
     out: dict[str, dict[str, Result]] = {}
     if len(devs) < 2:
         err = RuntimeError(f"expected 2 lazy devices with LTC_ASYNC_DEVICES=cpu,cpu, got {devs}")
         for sec, unit, hib in (("devices.concurrent", "ms/graph", False),
                                ("devices.dp", "steps/s", True)):
-            out[sec] = {DEV1: Result(sec, DEV1, unit, hib, error=_short_error(err))}
+            out[sec] = {DEV1: Result(sec, DEV1, unit, hib, error=short_error(err))}
     else:
         out["devices.concurrent"] = _bench_concurrent(args)
         out["devices.dp"] = _bench_dp(args)
@@ -523,10 +308,8 @@ def devices_child(args) -> int:
     return 0
 
 
-def _recompiles_during(fn):
-    before = ltc.metrics.counter_value("UncachedCompile") or 0
-    v = fn()
-    return v, (ltc.metrics.counter_value("UncachedCompile") or 0) - before
+def _ltc_counter(name: str) -> int | None:
+    return engines.ltc_compiles() if name in (DEV1, DEV2) else None
 
 
 class _HostWorker:
@@ -588,32 +371,16 @@ def _bench_concurrent(args) -> dict[str, Result]:
              DEV1: lambda: run(["ltc:0"]), DEV2: lambda: run(["ltc:0", "ltc:1"])}
     warm = {EAGER_T1: [cases[EAGER_T1]], EAGER_T2: [cases[EAGER_T2]],
             DEV1: [lambda: run(["ltc:0"]), lambda: run(["ltc:1"])], DEV2: [cases[DEV2]]}
-    results = {n: Result(sec, n, "ms/graph", False) for n in cases}
-    _log(f"[{sec}] warming up (compiling on both devices) ...")
-    live = dict(cases)
-    for name, fns in warm.items():
-        try:
+
+    def make(name: str):
+        def warmup() -> None:  # compiles on both devices
             for _ in range(2):
-                for fn in fns:
+                for fn in warm[name]:
                     fn()
-        except Exception as exc:
-            _fail(sec, results[name], exc)
-            del live[name]
-    for r in range(args.devices_rounds):
-        for name, fn in list(live.items()):
-            try:
-                dt, rc = _recompiles_during(fn)
-            except Exception as exc:
-                _fail(sec, results[name], exc)
-                del live[name]
-                continue
-            res = results[name]
-            res.samples.append(dt * 1e3)
-            if name in (DEV1, DEV2):
-                res.recompiles_in_timing = (res.recompiles_in_timing or 0) + rc
-        _log(f"[{sec}] round {r + 1}/{args.devices_rounds}: " + ", ".join(
-            f"{n}={results[n].samples[-1]:.4g} ms" for n in live))
-    return results
+        return warmup, lambda: cases[name]() * 1e3
+
+    return Runner(sec, "ms/graph", False, collect=False, counter=_ltc_counter).run(
+        list(cases), make, args.devices_rounds)
 
 
 def _bench_dp(args) -> dict[str, Result]:
@@ -621,50 +388,27 @@ def _bench_dp(args) -> dict[str, Result]:
 
     sec = "devices.dp"
     torch.manual_seed(0)
-    model = _mlp([256, 1024, 1024, 10])
+    model = mlp([256, 1024, 1024, 10])
     x = torch.randn(512, 256)
     y = torch.randint(0, 10, (512,))
     loss_fn = torch.nn.functional.cross_entropy
     cases = {DEV1: ["ltc:0"], DEV2: ["ltc:0", "ltc:1"]}
-    results = {n: Result(sec, n, "steps/s", True) for n in cases}
-    dps = {}
-    for name, devs in cases.items():
-        try:
-            dp = DataParallel(model, devs, make_optimizer=lambda p: torch.optim.SGD(
-                p, lr=0.05, momentum=0.9))
-            _log(f"[{sec}] warming up {name} ...")
+
+    def make(name: str):
+        dp = DataParallel(model, cases[name], make_optimizer=lambda p: sgd(p, lr=0.05))
+
+        def warmup() -> None:
             for _ in range(args.dp_warmup):
                 losses = dp.step(x, y, loss_fn)
             ltc.wait_device_ops()
             vals = [float(v.detach().cpu()) for v in losses]
             if not all(math.isfinite(v) for v in vals):
                 raise RuntimeError(f"non-finite loss after warm-up: {vals}")
-            dps[name] = dp
-        except Exception as exc:
-            _fail(results[name].section, results[name], exc)
+        return warmup, lambda: 1.0 / time_steps(lambda: dp.step(x, y, loss_fn), args.dp_steps,
+                                                 ltc.wait_device_ops)
 
-    def one_round(dp) -> float:
-        ltc.wait_device_ops()
-        gc.collect()
-        t0 = time.perf_counter()
-        for _ in range(args.dp_steps):
-            dp.step(x, y, loss_fn)
-        ltc.wait_device_ops()
-        return args.dp_steps / (time.perf_counter() - t0)
-
-    for r in range(args.devices_rounds):
-        for name in list(dps):
-            try:
-                v, rc = _recompiles_during(lambda: one_round(dps[name]))
-            except Exception as exc:
-                _fail(results[name].section, results[name], exc)
-                del dps[name]
-                continue
-            results[name].samples.append(v)
-            results[name].recompiles_in_timing = (results[name].recompiles_in_timing or 0) + rc
-        _log(f"[{sec}] round {r + 1}/{args.devices_rounds}: " + ", ".join(
-            f"{n}={results[n].samples[-1]:.4g} steps/s" for n in dps))
-    return results
+    return Runner(sec, "steps/s", True, counter=_ltc_counter).run(list(cases), make,
+                                                                   args.devices_rounds)
 
 
 # --------------------------------------------------------------------------------------------
@@ -702,11 +446,8 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def render(all_results: dict[str, dict[str, Result]]) -> str:
-    lines = [
-        "| case | engine | median | unit | min..max | rounds | vs torch._lazy | vs eager "
-        "| recompiles while timed |",
-        "|---|---|---:|---|---|---:|---:|---:|---:|",
-    ]
+    lines = [md_header(["case", "engine", "median", "unit", "min..max", "rounds", "vs torch._lazy",
+                        "vs eager", "recompiles while timed"], "llrllrrrr")]
     for section, results in all_results.items():
         lazy_med = results[LAZY].median if LAZY in results else None
         eager_med = results[EAGER].median if EAGER in results else None
@@ -718,11 +459,10 @@ def render(all_results: dict[str, dict[str, Result]]) -> str:
                 med = _fmt(res.median)
                 spread = f"{_fmt(min(res.samples))}..{_fmt(max(res.samples))}"
             rc = "-" if res.recompiles_in_timing is None else str(res.recompiles_in_timing)
-            lines.append(
-                f"| {section} | {name} | {med} | {res.unit} ({better} is better) | {spread} "
-                f"| {len(res.samples)} "
-                f"| {_ratio(res.median, lazy_med) if LAZY in results else '-'} "
-                f"| {_ratio(res.median, eager_med) if EAGER in results else '-'} | {rc} |")
+            lines.append(md_row([
+                section, name, med, f"{res.unit} ({better} is better)", spread, len(res.samples),
+                _ratio(res.median, lazy_med) if LAZY in results else "-",
+                _ratio(res.median, eager_med) if EAGER in results else "-", rc]))
     out = ["", "Ratios are value / reference value of the same unit "
            "(for us/op and ms/step < 1 means faster; for steps/s > 1 means faster).", ""]
     out += [f"- **{s}**: {SECTION_TITLES[s]}" for s in all_results]
@@ -730,7 +470,7 @@ def render(all_results: dict[str, dict[str, Result]]) -> str:
     if "big" in all_results:
         r = all_results["big"]
         out += ["", f"big case, ltc_async / torch._lazy steps/s: "
-                    f"{_ratio(r[LTC].median if LTC in r else None, r[LAZY].median if LAZY in r else None)}"]
+                    f"{_ratio(_med(r, LTC), _med(r, LAZY))}"]
     if "overlap" in all_results:
         out += _render_overlap(all_results["overlap"])
     if "devices.concurrent" in all_results or "devices.dp" in all_results:
@@ -748,8 +488,7 @@ def _render_overlap(r: dict[str, Result]) -> list[str]:
     if not d:
         return out + ["(no ltc_async figures: see the error above)"]
     out += [
-        "| figure | value |",
-        "|---|---:|",
+        md_header(["figure", "value"], "lr"),
         f"| host trace time, device idle: zero_grad+forward+backward+step+mark_step "
         f"({d['n_iso']} steps, each started after wait_device_ops) | {_fmt(_ms(d['trace']))} ms |",
         f"| device execute time, alone (ExecuteTime samples of those steps) "
@@ -795,13 +534,6 @@ def _render_devices(all_results: dict[str, dict[str, Result]]) -> list[str]:
     out.append(f"- data parallel: steps/s on [ltc:0, ltc:1] / steps/s on [ltc:0] = "
                f"**{_ratio(s2, s1)}** speed-up (ideal 2.0 for two one-thread devices)")
     return out
-
-
-def machine_info() -> str:
-    return (f"python {platform.python_version()}, torch {torch.__version__}, "
-            f"ltc_async {getattr(ltc, '__version__', '?')}, {platform.machine()}, "
-            f"{os.cpu_count()} cpus, torch threads {torch.get_num_threads()}, "
-            f"cuda available: {torch.cuda.is_available()}")
 
 
 SECTIONS = ["trace", "mlp", "big", "overlap", "devices"]
@@ -867,12 +599,12 @@ def main(argv=None) -> int:
                 all_results.update(bench[s](args))
             else:
                 all_results[s] = bench[s](args)
-            _log(f"[{s}] section took {time.perf_counter() - t0:.0f}s")
+            log(f"[{s}] section took {time.perf_counter() - t0:.0f}s")
     table = render(all_results)
     print(table)
     if args.plot:
-        from plot import plot, rows_from_markdown   # benchmarks/plot.py, beside this script
-        _log(f"figure: {plot(rows_from_markdown(table), args.plot)}")
+        from benchmarks.plot import plot, rows_from_markdown
+        log(f"figure: {plot(rows_from_markdown(table), args.plot)}")
     failed = [f"{s}/{e}" for s, rs in all_results.items() for e, r in rs.items()
               if r.error and e != COMPILE]
     if failed:

@@ -1,8 +1,8 @@
 """Plot bench_lazy's results table as a PNG (one panel per case, a bar per engine).
 
-    python benchmarks/plot.py                      # the table in benchmarks/README.md
-    python benchmarks/plot.py --from results.md -o out.png
-    python benchmarks/bench_lazy.py --plot out.png # straight after a run
+    python -m benchmarks.plot                      # the table in benchmarks/README.md
+    python -m benchmarks.plot --from results.md -o out.png
+    python -m benchmarks.bench_lazy --plot out.png # straight after a run
 
 Each panel shows one case (`trace`, `mlp`, `big`, `overlap`) in its own unit: the bar is the
 median over rounds, the whisker the min..max range, the label the ratio to eager.  Needs

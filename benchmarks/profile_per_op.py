@@ -1,13 +1,16 @@
 """The per-op path, measured layer by layer (issue 11; results in benchmarks/README.md,
 "Per-op path profile").
 
-    python benchmarks/profile_per_op.py [--only chain,layers,models] [--models gpt2,bert,mobilenet_v2]
+    python -m benchmarks.profile_per_op [--only chain,layers,models] [--models gpt2,bert,mobilenet_v2]
                                         [--rounds 15] [--steps 16]
 
 Every figure is a median, and also given in CPU time of the tracing thread
 (`time.thread_time()`), which other processes on a shared machine do not inflate the way they
-inflate wall time.  The script measures whichever `ltc_async` is imported, so an older tree can
-be measured side by side: `PYTHONPATH=/path/to/old/tree python benchmarks/profile_per_op.py`.
+inflate wall time.  The script measures whichever `ltc_async` is imported (its folder is
+printed first), so an older tree can be measured side by side: from the old tree's root,
+`PYTHONPATH=/path/to/this/tree python -m benchmarks.profile_per_op` (the working directory
+comes first on the path: `ltc_async` and the model cases are the old tree's, `benchmarks` is
+this tree's package where the old tree's `benchmarks/` has no `__init__.py`).
 
 * `chain`: bench_lazy.py's `trace` workload (2000 ops on a 16x16 tensor, alternating
   `y * 1.0001` and `y + x`, inputs materialized, only the Python loop timed), for torch._lazy,
@@ -29,8 +32,6 @@ import argparse
 import copy
 import gc
 import os
-import statistics
-import sys
 import time
 from typing import Any, Callable
 
@@ -38,23 +39,17 @@ import torch
 
 torch.set_num_threads(1)   # before ltc_async sizes its device workers (see `models`)
 
-import torch._lazy  # noqa: E402
-import torch._lazy.ts_backend  # noqa: E402
+from benchmarks import engines  # noqa: E402  (imports ltc_async)
+from benchmarks.cases import chain as chain_ops, suite_cases, to_device  # noqa: E402
+from benchmarks.engines import EAGER, LAZY, LTC  # noqa: E402
+from benchmarks.harness import Runner, md_header, md_row, median as _med  # noqa: E402
 
-torch._lazy.ts_backend.init()
+engines.torch_lazy()
 
 import ltc_async as ltc  # noqa: E402
 from ltc_async.tensor import lazy_tensor  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "models"))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-
 _cpu = time.thread_time
-_wall = time.perf_counter
-
-
-def _med(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 # -- chain ---------------------------------------------------------------------------------------
@@ -75,46 +70,46 @@ def _floor_tensor() -> torch.Tensor:
     return torch._to_functional_tensor(inner)
 
 
+FLOOR = "floor (functionalization + __torch_dispatch__)"
+
+
 def chain(rounds: int, n_ops: int = 2000) -> None:
     base = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
-    engines: dict[str, tuple[Callable[[], tuple], Callable[[], None]]] = {
-        "eager": (lambda: (base.clone(), base.clone()), lambda: None),
-        "floor (functionalization + __torch_dispatch__)": (lambda: (_floor_tensor(), _floor_tensor()),
-                                                           lambda: None),
-        "torch._lazy": (lambda: (base.to("lazy"), base.to("lazy")),
-                        lambda: (torch._lazy.mark_step(), torch._lazy.wait_device_ops())),
-        "ltc_async": (lambda: (base.to("ltc:0"), base.to("ltc:0")),
-                      lambda: (ltc.mark_step(), ltc.wait_device_ops())),
-    }
-    res: dict[str, list[tuple[float, float]]] = {k: [] for k in engines}
+    names = [EAGER, FLOOR, LAZY, LTC]
+    cpu: dict[str, list[float]] = {k: [] for k in names}
 
-    def one(name: str) -> tuple[float, float]:
-        make, sync = engines[name]
-        x, y = make()
-        sync()
-        w, c = _wall(), _cpu()
-        for _ in range(n_ops // 2):
-            y = y * 1.0001
-            y = y + x
-        w, c = _wall() - w, _cpu() - c
-        sync()
-        return w / n_ops * 1e6, c / n_ops * 1e6
+    def make(name: str):
+        if name == FLOOR:
+            inputs, sync = (lambda: (_floor_tensor(), _floor_tensor())), (lambda: None)
+        else:
+            eng = engines.get(name)
+            inputs, sync = (lambda: (base.clone().to(eng.device), base.clone().to(eng.device))), eng.sync
 
-    for name in engines:   # warm-up: compiles, caches
-        one(name)
-        one(name)
-    for _ in range(rounds):
-        for name in engines:
-            gc.collect()
-            res[name].append(one(name))
-    lazy_w = _med([w for w, _ in res["torch._lazy"]])
-    lazy_c = _med([c for _, c in res["torch._lazy"]])
+        def one() -> float:
+            x, y = inputs()
+            sync()
+            y, w, c = chain_ops(x, y, n_ops)
+            sync()
+            cpu[name].append(c / n_ops * 1e6)
+            return w / n_ops * 1e6
+
+        def warmup() -> None:   # compiles, caches
+            one()
+            one()
+            cpu[name].clear()
+        return warmup, one
+
+    res = Runner("chain", "us/op", False).run(names, make, rounds)
+    failed = [f"{r.engine}: {r.error}" for r in res.values() if r.error]
+    if failed:
+        raise RuntimeError(f"chain failed: {failed}")
+    lazy_w, lazy_c = res[LAZY].median, _med(cpu[LAZY])
     print(f"\nchain: {n_ops} ops on 16x16, median of {rounds} interleaved rounds\n")
-    print("| engine | wall us/op | cpu us/op | vs torch._lazy (wall) | vs torch._lazy (cpu) |")
-    print("|---|---:|---:|---:|---:|")
-    for name, v in res.items():
-        w, c = _med([w for w, _ in v]), _med([c for _, c in v])
-        print(f"| {name} | {w:.2f} | {c:.2f} | {w / lazy_w:.2f}x | {c / lazy_c:.2f}x |")
+    print(md_header(["engine", "wall us/op", "cpu us/op", "vs torch._lazy (wall)",
+                     "vs torch._lazy (cpu)"], "lrrrr"))
+    for name in names:
+        w, c = res[name].median, _med(cpu[name])
+        print(md_row([name, f"{w:.2f}", f"{c:.2f}", f"{w / lazy_w:.2f}x", f"{c / lazy_c:.2f}x"]))
 
 
 # -- layers --------------------------------------------------------------------------------------
@@ -155,10 +150,9 @@ def layers(rounds: int, n: int = 4000) -> None:
         ltc.mark_step()
         ltc.wait_device_ops()
     print(f"\nlayers: one traced add on 16x16, cpu us per call, median of {rounds} rounds of {n}\n")
-    print("| layer | cpu us |")
-    print("|---|---:|")
+    print(md_header(["layer", "cpu us"], "lr"))
     for name, v in res.items():
-        print(f"| {name} | {_med(v):.2f} |")
+        print(md_row([name, f"{_med(v):.2f}"]))
 
 
 # -- models --------------------------------------------------------------------------------------
@@ -183,12 +177,10 @@ def _step(case: Any, model: Any, opt: Any, batch: dict, lazy: bool) -> list[floa
 
 
 def models(names: list[str], steps: int) -> None:
-    import test_models
-    cases = [c for c in test_models.CASES if c.name in names]
+    cases = suite_cases(names)
     print(f"\nmodels: cpu ms per steady step (1 intra-op thread), median of {steps} steps\n")
-    print("| model | eager | ltc_async host | ratio | " + " | ".join(_PHASES)
-          + " | ops to __torch_dispatch__ | gc | device execute |")
-    print("|---|---:|---:|---:|" + "---:|" * (len(_PHASES) + 3))
+    print(md_header(["model", "eager", "ltc_async host", "ratio", *_PHASES,
+                     "ops to __torch_dispatch__", "gc", "device execute"], "l" + "r" * (len(_PHASES) + 6)))
     for case in cases:
         torch.manual_seed(0)
         base = case.build()
@@ -201,7 +193,7 @@ def models(names: list[str], steps: int) -> None:
 
         model = copy.deepcopy(base).to("ltc:0")
         opt = case.optimizer(model.parameters())
-        batches = [{k: v.to("ltc:0") for k, v in b.items()} for b in host]
+        batches = [to_device(b, "ltc:0") for b in host]
         for i in range(4):
             _step(case, model, opt, batches[i % 4], True)
         ltc.wait_device_ops()
@@ -242,10 +234,10 @@ def models(names: list[str], steps: int) -> None:
 
         phases = [_med([r[j] for r in rows]) * 1e3 for j in range(len(_PHASES))]
         eager_ms, host_ms = _med(e) * 1e3, _med([sum(r) for r in rows]) * 1e3
-        print(f"| {case.name} | {eager_ms:.2f} | {host_ms:.2f} | {host_ms / eager_ms:.2f}x | "
-              + " | ".join(f"{p:.2f}" for p in phases)
-              + f" | {calls[0]} | {_med(gcs) * 1e3:.2f} ({sum(gcs) / steps * 1e3:.2f} mean)"
-              f" | {_med(execs) * 1e3:.2f} |", flush=True)
+        print(md_row([case.name, f"{eager_ms:.2f}", f"{host_ms:.2f}", f"{host_ms / eager_ms:.2f}x",
+                      *(f"{p:.2f}" for p in phases), calls[0],
+                      f"{_med(gcs) * 1e3:.2f} ({sum(gcs) / steps * 1e3:.2f} mean)",
+                      f"{_med(execs) * 1e3:.2f}"]), flush=True)
 
 
 def main() -> int:

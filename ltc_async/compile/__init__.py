@@ -25,7 +25,8 @@ _SKIPPED = ("ltc_async", "ltc_async_devices")
 
 def ltc_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """The "ltc" Dynamo backend (imports the compiler machinery on first use)."""
-    from .backend import ltc_backend as impl   # lazy: AOTAutograd and the capture machinery
+    # lazy: AOTAutograd and the capture machinery load on the first compile
+    from .backend import ltc_backend as impl
     return impl(gm, example_inputs, **kwargs)
 
 
@@ -74,7 +75,8 @@ def register() -> None:
     """Install the fake-ification fix, register the "ltc" backend and skip ltc_async in
     Dynamo's tracing, now or when Dynamo loads (idempotent)."""
     global _hook
-    from . import fakeify   # lazy: imports torch's fake-tensor machinery (part of Dynamo's load)
+    # lazy: torch's fake-tensor machinery (part of Dynamo's load)
+    from . import fakeify
     fakeify.install()
     if _hook is not None:
         return

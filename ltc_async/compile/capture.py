@@ -31,6 +31,10 @@ not an `ltc` tensor (a SymInt), or capture saw something that is not a pure func
 placeholders: an eager fallback, a host read, a transfer, an exception.  Counters:
 `CompiledGraphCapture` (captures), `CompiledGraphCall` (calls that recorded one node),
 `CompiledGraphReplay` (calls replayed), `CompiledGraphReplay::<reason>` (why, once per key).
+
+Threads: `_capture_lock` (re-entrant) runs one capture at a time, because a capture saves and
+restores the device's RNG state; replaying a captured graph takes no lock of its own (it traces
+one node, like any op).
 """
 from __future__ import annotations
 

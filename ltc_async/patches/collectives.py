@@ -20,6 +20,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from ..ir.schema import op_info
+from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.writeback import write
 
 _FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
@@ -33,14 +34,6 @@ def _unwrap(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return type(v)(_unwrap(e) for e in v)
     return v
-
-
-def _tensors(v: Any) -> list[torch.Tensor]:
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for e in v for t in _tensors(e)]
-    return []
 
 
 def _kernel(op: torch._ops.OpOverload) -> Any:

@@ -33,6 +33,9 @@ reads on ltc tensors and one type test on others.
    `as_strided_` (storage bounds).  On tensors that require grad they raise: autograd regenerates the grad_fn of views
    taken earlier by replaying them on the base's new layout (`b = a[0]; a.t_()` made `b`'s
    gradient flow to `a`'s first column), and whether such views exist cannot be told.
+
+Threads: the checks keep no state but per-signature caches (plain dicts, values depend only on
+their keys); the patches are installed once, at import.
 """
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ import torch
 from ..base import counters
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas, op_info
+from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.lazy_tensor import unwrap
 from ..tensor.trace import stand_ins
 
@@ -131,14 +132,6 @@ def _call(op: str, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> Any:
 
 
 # -- the seam -------------------------------------------------------------------------------------
-
-def _tensors(v: Any) -> list[torch.Tensor]:
-    if isinstance(v, _Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [e for e in v if isinstance(e, _Tensor)]
-    return []
-
 
 def _lazy(t: torch.Tensor) -> bool:
     return _is_functional(t) and t.device.type == "ltc"

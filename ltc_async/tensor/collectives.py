@@ -14,7 +14,7 @@ from ..base.callsite import caller_location
 from ..executor import graph_executor as gx
 from ..executor.futures import BackendData, Failed
 from ..ir.node import make_data_node
-from .lazy_tensor import LtcTensor
+from .lazy_tensor import LtcTensor, tensors_in
 
 # -- queued collectives --------------------------------------------------------------------------
 #
@@ -64,11 +64,7 @@ def _wait_turn(ticket: int) -> None:
 
 
 def _lazy_in(v: Any) -> list[LtcTensor]:
-    if type(v) is LtcTensor:
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for e in v for t in _lazy_in(e)]
-    return []
+    return tensors_in(v, LtcTensor)
 
 
 def _has_host_tensor(v: Any) -> bool:

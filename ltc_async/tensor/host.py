@@ -12,6 +12,11 @@ Design note.  Everything here moves values across the lazy boundary, never trace
   may produce other layouts;
 * a written lazy tensor is pointed at its new value through `DeviceContext.rebind`, the one
   writer of an existing tensor's value.
+
+Threads: the scalar upload cache is a plain dict (values depend only on the key; cleared
+wholesale when large).  Reads and fallbacks wait only for the executions they need
+(`graph_executor.read`); a written lazy tensor takes its new value through
+`DeviceContext.rebind`, under that device's lock.
 """
 from __future__ import annotations
 

@@ -8,6 +8,10 @@ eager aliasing semantics.  Autograd runs on the wrapper, above all of this.
 
 An `LtcTensor` is immutable in value: it names output `_v[1]` of IR node `_v[0]`.  Syncing only
 swaps that pair for a DEVICE_DATA node holding (a placeholder for) the same value.
+
+Threads: `_v` is rebound only by `DeviceContext.rebind` and by the cut, both under the device
+lock (one tuple store: a reader on another thread sees the old pair or the new one, never a
+mix); `_m`, `_ctx` and `_id` never change.
 """
 from __future__ import annotations
 
@@ -90,6 +94,16 @@ def _count_destroyed(name: str | None) -> None:
 def _on_reset() -> None:
     global _serial_at_reset
     _serial_at_reset = next(_serial)
+
+
+def tensors_in(v: Any, cls: type = torch.Tensor) -> list:
+    """The instances of `cls` in an op argument: `v` itself, or those in (nested) lists and
+    tuples (the one walk over arguments that the seam, collectives and host paths share)."""
+    if isinstance(v, cls):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for e in v for t in tensors_in(e, cls)]
+    return []
 
 
 def wrap(t: torch.Tensor) -> torch.Tensor:

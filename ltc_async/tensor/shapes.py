@@ -17,6 +17,9 @@ an op with several outputs over bf16/fp16 inputs is run by eager the same way an
 take eager's dtypes: the metas are what the device will produce (a bf16 layer norm's backward
 otherwise mixed dtypes eager never sees).  Other signatures (nearly all) never pay for it; these
 once, as the result is cached with the shapes.
+
+Threads: the cache is a plain dict read and filled without a lock by every tracing thread: a
+racing miss runs the meta kernel twice and keeps one equal answer.
 """
 from __future__ import annotations
 

@@ -17,6 +17,11 @@ On a shape-cache hit, the common case, a per-overload plan (the end of this modu
 Invariant: a lazy tensor's strides (its `TensorMeta`) are the strides its value has when the
 graph runs.  Eager kernels such as `native_group_norm_backward` read raw memory and rely on
 callers' `.contiguous()`; a tensor claiming a layout its value lacks gives garbage there.
+
+Threads: no lock of its own.  The per-op plans and the shape cache are plain dicts filled by
+every tracing thread (see `dispatch.py`: values depend only on their keys); a new output is
+registered as live with its device (`DeviceContext.register`, a dict store under the GIL), and
+tracing never waits for a device.
 """
 from __future__ import annotations
 

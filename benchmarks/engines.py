@@ -1,0 +1,92 @@
+"""The engines the benchmarks compare, and how each one ends a step and waits for its device.
+
+Both lazy engines live side by side in one process: torch._lazy (C++ LTC, TorchScript backend)
+owns device `lazy`, ltc_async owns device `ltc`.  torch._lazy's backend is initialized on first
+use (`torch_lazy()`), so a benchmark that does not run it does not load it.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import ltc_async as ltc
+from benchmarks.harness import noop
+
+EAGER, LAZY, LTC, COMPILE = "eager", "torch._lazy", "ltc_async", "torch.compile"
+LTC_COMPILE = "ltc_async+compile"
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    device: str
+    mark_step: Callable[[], None]
+    wait: Callable[[], None]
+    recompiles: Callable[[], int | None]  # cumulative count of uncached compiles, if known
+    backend: str | None = None            # torch.compile's backend for the model, if compiled
+
+    def sync(self) -> None:
+        """Cut and run the pending graph, wait for it (no-ops for eager tensors)."""
+        self.mark_step()
+        self.wait()
+
+    def compile(self, fn: Any) -> Any:
+        """`fn` (a module, `opt.step`) as this engine runs it."""
+        if self.backend is None:
+            return fn
+        return torch.compile(fn) if self.backend == "inductor" else torch.compile(fn, backend=self.backend)
+
+
+def torch_lazy() -> Any:
+    """`torch._lazy` with its TorchScript backend initialized (once)."""
+    import torch._lazy
+    import torch._lazy.metrics
+    import torch._lazy.ts_backend
+    if not _lazy_ready:
+        torch._lazy.ts_backend.init()
+        _lazy_ready.append(True)
+    return torch._lazy
+
+
+_lazy_ready: list[bool] = []
+
+
+def ltc_compiles() -> int:
+    return ltc.metrics.counter_value("UncachedCompile") or 0
+
+
+def _none() -> None:
+    return None
+
+
+def _lazy_engine() -> Engine:
+    lazy = torch_lazy()
+    return Engine(LAZY, "lazy", lazy.mark_step, lazy.wait_device_ops,
+                  lambda: lazy.metrics.counter_value("UncachedCompile") or 0)
+
+
+_FACTORIES: dict[str, Callable[[], Engine]] = {
+    EAGER: lambda: Engine(EAGER, "cpu", noop, noop, _none),
+    LAZY: _lazy_engine,
+    LTC: lambda: Engine(LTC, "ltc:0", ltc.mark_step, ltc.wait_device_ops, ltc_compiles),
+    # torch.compile (default backend, Inductor) runs on the eager CPU device; only the model
+    # is compiled.
+    COMPILE: lambda: Engine(COMPILE, "cpu", noop, noop, _none, backend="inductor"),
+    LTC_COMPILE: lambda: Engine(LTC_COMPILE, "ltc:0", ltc.mark_step, ltc.wait_device_ops,
+                                ltc_compiles, backend="ltc"),
+}
+
+
+@functools.cache
+def get(name: str) -> Engine:
+    return _FACTORIES[name]()
+
+
+def recompiles(name: str) -> int | None:
+    """The engine's cumulative compile count; None for an engine that counts none, or a name
+    that is no engine."""
+    return get(name).recompiles() if name in _FACTORIES else None
