@@ -17,7 +17,7 @@ outputs.  Everything that is not a tensor is kept in `template`, one entry per s
   trace time, so random values depend on the trace order, not on when the device runs.
 
 `node.key` is the local identity (op + template).  Graph identity is computed by the executor
-from a post-order walk (see `executor/graph.py`), which makes equal graphs compare equal exactly;
+from a post-order walk (see `executor/compiler.py`: `GraphPlan`), which makes equal graphs compare equal exactly;
 `node.hash` is the LTC-style DAG hash (op, template, operand hashes) for debugging and reuse.
 """
 from __future__ import annotations

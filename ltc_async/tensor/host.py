@@ -32,7 +32,7 @@ from ..executor.device import DeviceContext
 from ..executor.futures import BackendData
 from ..ir.node import Node, TensorMeta, exact, make_data_node
 from ..ir.schema import GENERATOR, OpInfo
-from .lazy_tensor import LtcTensor, make_tensor, unwrap
+from .lazy_tensor import LtcTensor, make_tensor, tensors_in, unwrap
 
 _META = torch.device("meta")
 
@@ -201,14 +201,8 @@ def mutating_host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     full = info.bind(args, kwargs)
     written: dict[int, LtcTensor] = {}
 
-    def lazy_in(v: Any) -> list[LtcTensor]:
-        if type(v) is LtcTensor:
-            return [v]
-        if type(v) in (list, tuple):
-            return [t for e in v for t in lazy_in(e)]
-        return []
     for i in info.written:
-        for t in lazy_in(full[i]):
+        for t in tensors_in(full[i], LtcTensor):
             written[id(t)] = t
     n = info.n_positional_max
     hargs, hkwargs, _ = _materialize_args(*info.split(full))

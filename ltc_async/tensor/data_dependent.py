@@ -1,0 +1,203 @@
+"""Ops whose output *size* depends on values, computed on the device with one small size read.
+
+Design note.  Eager runs `nonzero`, `masked_select`, boolean indexing, `unique`, `bincount` and
+`repeat_interleave(repeats)` as one kernel that sizes its output from the data.  Shape inference
+cannot (there is no value at trace time), so these ops took the eager fallback: the step's graph
+cut, every input read to the host, the result uploaded.  Here each becomes
+
+1. a count computed on the device (`count_nonzero`, a sum, a max) and read to the host: one
+   0-dim read, of the count's own small graph only (`graph_executor.materialize`), so the rest of
+   the step stays pending and is still cut as one graph at `mark_step` (the count's inputs are
+   computed twice, in its graph and in the step's; random values are fixed at trace time, so
+   both see the same);
+2. the op itself, traced with the count as a static size: `nonzero_static(x, size=n)`, an
+   `index_select` of the sorted values, `repeat_interleave(..., output_size=n)`, a
+   `scatter_add` into `n` bins -- ordinary nodes, lowered and cached like any other.
+
+Boolean indexing and `index_put` with a mask are rewritten into long indices from `nonzero`
+(one read); a masked write of one value needs no read at all (`torch.where`).  `torch.where(c)`,
+`argwhere` and `masked_select` reach `nonzero` through PyTorch's own decompositions or below.
+
+Each read counts `SizeRead` and `SizeRead::<op>` and is published as `events.host_read` (the
+sync guard names it; `ltc.metrics.report()` lists it).  A count is read once per value: the
+counts already read are kept by IR node (weakly; `_counted_lock` guards the table).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from ..base import counters, events
+from ..executor import graph_executor as gx
+from ..ir.schema import op_info
+from .dispatch import dispatch, register_handlers
+from .lazy_tensor import LtcTensor
+from .trace import trace
+
+aten = torch.ops.aten
+
+__all__ = ["read_int"]
+
+
+def read_int(t: LtcTensor, func: Any) -> int:
+    """The value of the 0-dim lazy tensor `t`, an output size of `func`: one small read."""
+    counters.counter("SizeRead")
+    counters.counter("SizeRead::" + op_info(func).name)
+    events.host_read(func)
+    return int(gx.materialize([t])[0].item())
+
+
+def _op(func: Any, *args: Any, **kwargs: Any) -> Any:
+    return dispatch(func, args, kwargs or None)
+
+
+# Counts of nonzeros already read, by the value they count (its IR node and output): a mask used
+# twice (`logits[mask]`, `labels[mask]`) is read once.  Weak keys: nodes die with their step.
+_counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_counted_lock = threading.Lock()
+
+
+def _nonzero(func: Any, args: tuple, kwargs: dict) -> Any:
+    (x,) = op_info(func).bind(args, kwargs)
+    node, out = x._v
+    with _counted_lock:
+        n = _counted.get(node, {}).get(out)
+    if n is None:
+        n = read_int(_op(aten.count_nonzero.default, x), func)
+        with _counted_lock:
+            _counted.setdefault(node, {})[out] = n
+    return _op(aten.nonzero_static.default, x, size=n, fill_value=-1)
+
+
+def _is_mask(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+
+
+def _long_indices(indices: list, func: Any) -> list:
+    """Boolean / byte masks among `Tensor?[]` indices as long index tensors, one per masked
+    dimension (eager's `expandTensors`): the columns of `nonzero(mask)`."""
+    out: list = []
+    for t in indices:
+        if _is_mask(t):
+            mask = t if t.dtype == torch.bool else _op(aten._to_copy.default, t, dtype=torch.bool)
+            nz = _nonzero(aten.nonzero.default, (mask,), {})
+            out.extend(_op(aten.select_copy.int, nz, 1, j) for j in range(mask.dim()))
+        else:
+            out.append(t)
+    return out
+
+
+def _index(func: Any, args: tuple, kwargs: dict) -> Any:
+    x, indices = op_info(func).bind(args, kwargs)
+    if not any(_is_mask(t) for t in indices):
+        return _traced(func, x, indices)
+    return _traced(func, x, _long_indices(list(indices), func))
+
+
+def _masked_select(func: Any, args: tuple, kwargs: dict) -> Any:
+    x, mask = op_info(func).bind(args, kwargs)
+    if mask.dtype != torch.bool:
+        return _traced(func, x, mask)   # eager's error
+    shape = list(torch.broadcast_shapes(x.shape, mask.shape))
+    xb = x if list(x.shape) == shape else _op(aten.expand_copy.default, x, shape)
+    mb = mask if list(mask.shape) == shape else _op(aten.expand_copy.default, mask, shape)
+    return _traced(aten.index.Tensor, xb, _long_indices([mb], func))
+
+
+def _traced(func: Any, *args: Any) -> Any:
+    """`func` on the generic path (the call as given, or rewritten to static sizes)."""
+    info = op_info(func)
+    counters.counter(info.counter)
+    return trace(func, info, list(args) + [None] * (len(info.arg_names) - len(args)))
+
+
+def _index_put(func: Any, args: tuple, kwargs: dict) -> Any:
+    info = op_info(func)
+    x, indices, values, accumulate = info.bind(args, kwargs)
+    masks = [t for t in indices if _is_mask(t)]
+    if not masks:
+        return _traced(func, x, indices, values, accumulate)
+    if (len(indices) == 1 and not accumulate and values.numel() == 1
+            and tuple(indices[0].shape) == tuple(x.shape)[: indices[0].dim()]):
+        # `x[mask] = v`: a select, no read
+        mask = indices[0] if indices[0].dtype == torch.bool else \
+            _op(aten._to_copy.default, indices[0], dtype=torch.bool)
+        shape = list(mask.shape) + [1] * (x.dim() - mask.dim())
+        m = _op(aten.view_copy.default, mask, shape)
+        v = _op(aten._to_copy.default, _op(aten.view_copy.default, values, []), dtype=x.dtype)
+        return _op(aten.where.self, m, v, x)
+    return _traced(func, x, _long_indices(list(indices), func), values, accumulate)
+
+
+_BINCOUNT_DTYPES: dict[tuple, torch.dtype] = {}
+
+
+def _bincount(func: Any, args: tuple, kwargs: dict) -> Any:
+    x, weights, minlength = op_info(func).bind(args, kwargs)
+    if x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
+        return _traced(func, x, weights, minlength)   # eager's errors, through the fallback
+    n = minlength
+    if x.numel():
+        n = max(n, read_int(_op(aten.max.default, x), func) + 1)
+    key = (x.dtype, None if weights is None else weights.dtype)
+    dtype = _BINCOUNT_DTYPES.get(key)
+    if dtype is None:   # eager's result type, asked of eager once per dtype pair
+        w = None if weights is None else torch.zeros(1, dtype=weights.dtype)
+        dtype = _BINCOUNT_DTYPES[key] = torch.bincount(torch.zeros(1, dtype=x.dtype), w).dtype
+    src = (_op(aten.ones_like.default, x, dtype=dtype) if weights is None
+           else _op(aten._to_copy.default, weights, dtype=dtype))
+    zeros = _op(aten.zeros.default, [n], dtype=dtype, device=x.device)
+    return _op(aten.scatter_add.default, zeros, 0, _op(aten._to_copy.default, x, dtype=torch.long), src)
+
+
+def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
+    x, is_sorted, return_inverse, return_counts = op_info(func).bind(args, kwargs)
+    if not is_sorted or x.dtype.is_floating_point or x.dtype.is_complex:
+        # unsorted order is the CPU kernel's hash order; NaNs compare unequal: eager's answer
+        return _traced(func, x, is_sorted, return_inverse, return_counts)
+    flat = _op(aten.view_copy.default, _op(aten.clone.default, x,
+                                           memory_format=torch.contiguous_format), [-1])
+    values, perm = _op(aten.sort.default, flat)
+    m = flat.shape[0]
+    if m == 0:
+        first = _op(aten.ones_like.default, values, dtype=torch.bool)
+    else:
+        head = _op(aten.ones.default, [1], dtype=torch.bool, device=x.device)
+        step = _op(aten.ne.Tensor, _op(aten.slice_copy.Tensor, values, 0, 1, m),
+                   _op(aten.slice_copy.Tensor, values, 0, 0, m - 1))
+        first = _op(aten.cat.default, [head, step])
+    n = read_int(_op(aten.count_nonzero.default, first), func)
+    where = _op(aten.view_copy.default, _op(aten.nonzero_static.default, first, size=n), [-1])
+    out = _op(aten.index_select.default, values, 0, where)
+    group = _op(aten.sub.Tensor, _op(aten.cumsum.default, first, 0), 1)   # long, per sorted slot
+    empty = _op(aten.zeros.default, [0], dtype=torch.long, device=x.device)
+    inverse = empty
+    if return_inverse:
+        inv = _op(aten.scatter.src, _op(aten.zeros_like.default, group), 0, perm, group)
+        inverse = _op(aten.view_copy.default, inv, list(x.shape))
+    counts = empty
+    if return_counts:
+        zeros = _op(aten.zeros.default, [n], dtype=torch.long, device=x.device)
+        counts = _op(aten.scatter_add.default, zeros, 0, group, _op(aten.ones_like.default, group))
+    return out, inverse, counts
+
+
+def _repeat_interleave(func: Any, args: tuple, kwargs: dict) -> Any:
+    repeats, output_size = op_info(func).bind(args, kwargs)
+    if output_size is None and repeats.dim() == 1 and not repeats.dtype.is_floating_point:
+        output_size = read_int(_op(aten.sum.default, repeats), func) if repeats.numel() else 0
+    return _traced(func, repeats, output_size)
+
+
+register_handlers({
+    aten.nonzero.default: _nonzero,
+    aten.index.Tensor: _index,
+    aten.index_put.default: _index_put,
+    aten.masked_select.default: _masked_select,
+    aten.bincount.default: _bincount,
+    aten._unique2.default: _unique2,
+    aten.repeat_interleave.Tensor: _repeat_interleave,
+})
