@@ -17,18 +17,32 @@ from .base.counters import (
     metric_data,
     metric_names,
     metrics_snapshot,
+    round_trips,
 )
 from .base.counters import reset as _reset_counters
 from .diagnostics import findings as _findings
 
 __all__ = ["counter_names", "counter_value", "metric_names", "metric_data", "reset", "report",
-           "compiles_by_shape", "findings", "activity_window", "ALWAYS_PRESENT",
+           "compiles_by_shape", "findings", "activity_window", "host_round_trips", "ALWAYS_PRESENT",
            "COMPILE_SHAPES_PREFIX"]
 
 
 def reset() -> None:
     """Forget all counters, metrics and the findings' records."""
     _reset_counters()
+
+
+def host_round_trips(per_step: bool = True) -> dict[str, float]:
+    """Why the host waited for device data since the last `reset()`: `{"<kind>::<what>": n}`,
+    kind `fallback` (an op ran eagerly on device data: `fallback::index_put`), `size` (an
+    output size was read: `size::nonzero`) or `read` (the program read a value:
+    `read::_local_scalar_dense` for `.item()` / `bool(t)`, `read::_to_copy` for `.cpu()`).
+    Per `mark_step` when `per_step` and a step ran, else counts."""
+    trips = round_trips()
+    steps = counter_value("MarkStep") or 0
+    if per_step and steps:
+        return {k: v / steps for k, v in trips.items()}
+    return {k: float(v) for k, v in trips.items()}
 
 
 def findings() -> list:
@@ -48,4 +62,9 @@ def report() -> str:
                      f"  Median (recent): {fmt_time(med)}")
     for name in counter_names():
         lines.append(f"Counter: {name}\n  Value: {counter_value(name) or 0}")
+    trips = host_round_trips()
+    if trips:
+        unit = "per step" if counter_value("MarkStep") else "in all"
+        lines.append(f"Host round trips ({unit}, by why):\n" + "\n".join(
+            f"  {k}: {v:g}" for k, v in sorted(trips.items(), key=lambda kv: -kv[1])))
     return "\n".join(lines) + ("\n" if lines else "") + _findings.render()

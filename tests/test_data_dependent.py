@@ -182,3 +182,58 @@ def test_gcn_with_a_boolean_train_mask_like_eager():
         return loss.detach(), w1.grad, w2.grad
     # logits[mask], y[mask] and the backward share one read of the mask's count
     assert_like_eager(grads, x, edge_index, y, train_mask, *w, reads=1)
+
+
+def test_ctc_loss_training_on_the_device():
+    """`nn.CTCLoss` with length tensors on the device, as speech models train (Wav2Vec2's CTC
+    head): loss and gradients like eager, no fallback, one read of the lengths per step (the
+    backward reuses it)."""
+    g = torch.Generator().manual_seed(4)
+    T, B, C, S = 20, 3, 7, 5
+    feats = torch.randn(T, B, 10, generator=g)
+    targets = torch.randint(1, C, (B, S), generator=g)
+    in_lens = torch.tensor([20, 18, 15])
+    tg_lens = torch.tensor([5, 3, 4])
+    torch.manual_seed(0)
+    head = torch.nn.Linear(10, C)
+
+    def run(device):
+        model = __import__("copy").deepcopy(head).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ctc = torch.nn.CTCLoss(zero_infinity=True)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            lp = model(feats.to(device)).log_softmax(-1)
+            loss = ctc(lp, targets.to(device), in_lens.to(device), tg_lens.to(device))
+            loss.backward()
+            opt.step()
+            if device != "cpu":
+                ltc.mark_step()
+            losses.append(loss)
+        return [float(v) for v in losses], model.weight.detach().cpu()
+    eager = run("cpu")
+    ltc.metrics.reset()
+    lazy = run(DEV)
+    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+    assert ltc.metrics.counter_value("EagerFallback") == 0
+    trips = ltc.metrics.host_round_trips()
+    assert trips.pop("size::_ctc_loss.Tensor") == 1.0            # per step
+    # the user's reads: float(loss), and the weights read at the end
+    assert set(trips) == {"read::_local_scalar_dense", "read::_to_copy"}
+
+
+def test_host_round_trips_say_why_per_step():
+    x = torch.randn(8, 4).to(DEV)
+    ltc.metrics.reset()
+    for _ in range(2):
+        total = x[x > 0].sum()                                     # a size read
+        torch.cumprod(x, 0, out=torch.empty(0, device=DEV))        # an out= resize on the device
+        print_value = float(total)                                 # a user read
+        assert print_value > 0
+        ltc.mark_step()
+    trips = ltc.metrics.host_round_trips()
+    assert trips["size::nonzero"] == 1.0
+    assert trips["read::_local_scalar_dense"] == 1.0
+    assert ltc.metrics.host_round_trips(per_step=False)["size::nonzero"] == 2.0
+    assert "Host round trips (per step, by why)" in ltc.metrics.report()

@@ -41,6 +41,26 @@ def counter(name: str, n: int = 1) -> None:
     _counters[name] = _counters.get(name, 0) + n
 
 
+#: counters `HostRoundTrip::<kind>::<what>` count waits for device data on the host, by why:
+#: kind "fallback" (an op ran eagerly on device data), "size" (an output size read:
+#: `nonzero`, `unique`, ...) or "read" (the program read a value: `.item()`, `.cpu()`, ...)
+ROUND_TRIP_PREFIX = "HostRoundTrip::"
+
+
+def round_trip(kind: str, what: str) -> None:
+    """Count one host round trip (see `ROUND_TRIP_PREFIX`)."""
+    _counters["HostRoundTrip"] = _counters.get("HostRoundTrip", 0) + 1
+    name = f"{ROUND_TRIP_PREFIX}{kind}::{what}"
+    _counters[name] = _counters.get(name, 0) + 1
+
+
+def round_trips() -> dict[str, int]:
+    """`{"<kind>::<what>": count}` since the last `reset()`."""
+    _settle()
+    n = len(ROUND_TRIP_PREFIX)
+    return {k[n:]: v for k, v in list(_counters.items()) if k.startswith(ROUND_TRIP_PREFIX) and v}
+
+
 def _settle(name: str | None = None) -> None:
     """Before a read: `name` is the counter about to be read, "*" for all values, None for
     names and metrics only (see `events.counters_read`)."""

@@ -32,7 +32,7 @@ from ..tensor import dispatch as dispatch_module
 from ..tensor.dispatch import dispatch
 from ..tensor.lazy_tensor import LtcTensor, unwrap, wrap
 from ..tensor.special import copy_into
-from . import autocast, collectives, fast_paths, inplace, modules, native, seam, storage
+from . import autocast, collectives, fast_paths, inplace, meta_kernels, modules, native, seam, storage
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _registered = False
@@ -324,5 +324,6 @@ def register() -> None:
     decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
     collectives.register()         # dist collectives on views write through to the base
     seam.register()                # host tensors written from ltc ones: cpu.copy_(ltc), ...
+    meta_kernels.register()        # shapes of ops PyTorch has no meta kernel for (_ctc_loss_backward)
     fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
     _registered = True

@@ -150,6 +150,7 @@ def _read(values: list, device: Any = None) -> list:
     if not lazy:
         return values
     counters.counter("TensorToHost", len(lazy))
+    counters.round_trip("read", "copy to a host tensor")
     read = gx.read([unwrap(values[i]) for i in lazy])
     out = list(values)
     for i, v in zip(lazy, read):

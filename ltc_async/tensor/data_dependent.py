@@ -46,6 +46,7 @@ def read_int(t: LtcTensor, func: Any) -> int:
     """The value of the 0-dim lazy tensor `t`, an output size of `func`: one small read."""
     counters.counter("SizeRead")
     counters.counter("SizeRead::" + op_info(func).name)
+    counters.round_trip("size", op_info(func).name)
     events.host_read(func)
     return int(gx.materialize([t])[0].item())
 
@@ -185,6 +186,51 @@ def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
     return out, inverse, counts
 
 
+_read_lists: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {output: list}
+
+
+def _int_lists(ts: list, func: Any) -> list[list[int]]:
+    """The values of 1-D length tensors as Python ints: a host tensor's directly, the lazy ones'
+    in one read (kept by value: the backward reads the forward's lengths again)."""
+    out: list = [None] * len(ts)
+    todo = []
+    for i, t in enumerate(ts):
+        if type(t) is not LtcTensor:
+            out[i] = [int(v) for v in t.tolist()]
+            continue
+        node, k = t._v
+        with _counted_lock:
+            out[i] = _read_lists.get(node, {}).get(k)
+        if out[i] is None:
+            todo.append(i)
+    if todo:
+        counters.counter("SizeRead")
+        counters.counter("SizeRead::" + op_info(func).name)
+        counters.round_trip("size", op_info(func).name)
+        events.host_read(func)
+        values = gx.materialize([ts[i] for i in todo])
+        for i, v in zip(todo, values):
+            out[i] = [int(e) for e in v.tolist()]
+            node, k = ts[i]._v
+            with _counted_lock:
+                _read_lists.setdefault(node, {})[k] = out[i]
+    return out
+
+
+def _ctc_loss(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`nn.CTCLoss` with length tensors: the lengths become int lists (eager reads them to the
+    host too, also on CUDA), the loss and its gradient run on the device."""
+    lp, tg, il, tl, blank, zero_infinity = op_info(func).bind(args, kwargs)
+    return _traced(aten._ctc_loss.default, lp, tg, *_int_lists([il, tl], func), blank,
+                   zero_infinity)
+
+
+def _ctc_loss_backward(func: Any, args: tuple, kwargs: dict) -> Any:
+    grad, lp, tg, il, tl, nll, alpha, blank, zero_infinity = op_info(func).bind(args, kwargs)
+    return _traced(aten._ctc_loss_backward.default, grad, lp, tg, *_int_lists([il, tl], func),
+                   nll, alpha, blank, zero_infinity)
+
+
 def _repeat_interleave(func: Any, args: tuple, kwargs: dict) -> Any:
     repeats, output_size = op_info(func).bind(args, kwargs)
     if output_size is None and repeats.dim() == 1 and not repeats.dtype.is_floating_point:
@@ -200,4 +246,6 @@ register_handlers({
     aten.bincount.default: _bincount,
     aten._unique2.default: _unique2,
     aten.repeat_interleave.Tensor: _repeat_interleave,
+    aten._ctc_loss.Tensor: _ctc_loss,
+    aten._ctc_loss_backward.Tensor: _ctc_loss_backward,
 })

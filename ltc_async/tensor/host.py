@@ -171,7 +171,9 @@ def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> A
     counters.counter("EagerFallback::" + info.name)
     events.fallback(info.name, full)   # findings (op, user line); the sync guard
     n = info.n_positional_max
-    args, kwargs, _ = _materialize_args(*info.split(full))
+    args, kwargs, read_ctx = _materialize_args(*info.split(full))
+    if read_ctx is not None:
+        counters.round_trip("fallback", info.name)
     for i, k in enumerate(info.kinds):
         if k == GENERATOR:  # keep per-device seeding: a generator on the backing device
             g = torch.Generator(ctx.backend_device)
@@ -188,6 +190,8 @@ def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     counters.counter("DataDependentSync")
     events.host_read(func)   # findings (user line); the sync guard
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
+    if ctx is not None:
+        counters.round_trip("read", info.name)
     out = func(*hargs, **hkwargs)
     return _wrap_outputs(out, ctx) if ctx is not None else out
 

@@ -41,6 +41,7 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     if device is not None and device.type != "ltc":
         # Leaving the lazy world: wait for exactly this tensor, copy to the target device.
         counters.counter("TensorToHost")
+        counters.round_trip("read", "_to_copy")
         value = gx.read([x])[0]
         out = func(value, **kwargs)
         if kwargs.get("memory_format") in (None, torch.preserve_format):

@@ -1,0 +1,33 @@
+"""Meta kernels PyTorch lacks, for ops whose output shape does not depend on values.
+
+Shape inference (`tensor/shapes.py`) runs each op on `meta` tensors; an op without a meta kernel
+takes the eager fallback, a host round trip, although its output size is known from its inputs.
+Registered here, once at import, for aten's `Meta` key (what a fake impl would say):
+
+* `_ctc_loss_backward`: the gradient of `log_probs`, its shape and dtype (eager's CPU and CUDA
+  kernels allocate it contiguous, like `log_probs`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_lib: torch.library.Library | None = None
+
+
+def _ctc_loss_backward(grad: Any, log_probs: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.empty(log_probs.shape, dtype=log_probs.dtype, device=log_probs.device)
+
+
+def register() -> None:
+    """Install the kernels (once; at `import ltc_async`)."""
+    global _lib
+    if _lib is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name, kernel in (("_ctc_loss_backward", _ctc_loss_backward),):
+        op = getattr(torch.ops.aten, name).default
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+            lib.impl(op, kernel, "Meta")
+    _lib = lib
