@@ -156,8 +156,9 @@ def _bincount(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
     x, is_sorted, return_inverse, return_counts = op_info(func).bind(args, kwargs)
-    if not is_sorted or x.dtype.is_floating_point or x.dtype.is_complex:
-        # unsorted order is the CPU kernel's hash order; NaNs compare unequal: eager's answer
+    if not is_sorted or x.dtype.is_complex:
+        # unsorted order is the CPU kernel's hash order: eager's answer.  (NaNs sort last and
+        # compare unequal, so each stays its own value, as in eager's sorted unique.)
         return _traced(func, x, is_sorted, return_inverse, return_counts)
     flat = _op(aten.view_copy.default, _op(aten.clone.default, x,
                                            memory_format=torch.contiguous_format), [-1])

@@ -1,0 +1,176 @@
+"""Third-party libraries as their users write them, eager CPU vs `ltc:0` (issue 18).
+
+Each program runs on the same data on both devices; results are compared at the end, eager
+fallbacks are counted (0 in every case) and the host round trips per step are printed (`-s`)
+and bounded: what remains is the library's own reading of values (an adaptive ODE solver's step
+control, pyro's argument validation, `.item()` of a loss) and one size read per
+data-dependent op (`ltc.metrics.host_round_trips()`).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import ltc_async as ltc
+
+DEV = "ltc:0"
+
+
+def report(name: str) -> dict:
+    fallbacks = ltc.metrics.counter_value("EagerFallback")
+    trips = ltc.metrics.host_round_trips()
+    print(f"\n  {name:28s} fallbacks {fallbacks}  host round trips per step {sum(trips.values()):.1f} "
+          f"{dict(sorted(trips.items()))}")
+    assert fallbacks == 0
+    return trips
+
+
+# -- torchdiffeq -----------------------------------------------------------------------------------
+
+torchdiffeq = pytest.importorskip("torchdiffeq")
+
+
+class ODEFunc(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(y)
+
+
+@pytest.mark.parametrize("solver", ["odeint-rk4", "odeint_adjoint-dopri5"])
+def test_torchdiffeq_neural_ode_trains_like_eager(solver):
+    torch.manual_seed(0)
+    func = ODEFunc()
+    y0 = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+    adjoint = solver.startswith("odeint_adjoint")
+    solve = torchdiffeq.odeint_adjoint if adjoint else torchdiffeq.odeint
+    kw = dict(rtol=1e-3, atol=1e-4) if adjoint else dict(method="rk4", options=dict(step_size=0.1))
+
+    def train(device):
+        f = copy.deepcopy(func).to(device)
+        opt = torch.optim.SGD(f.parameters(), lr=0.05)
+        t = torch.linspace(0, 1, 5).to(device)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            ys = solve(f, y0.to(device), t, **kw)
+            loss = ys.pow(2).mean()
+            loss.backward()
+            opt.step()
+            if device != "cpu":
+                ltc.mark_step()
+            losses.append(float(loss))
+        return losses, [p.detach().cpu() for p in f.parameters()]
+    eager = train("cpu")
+    ltc.metrics.reset()
+    lazy = train(DEV)
+    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+    trips = report(f"torchdiffeq {solver}")
+    if not adjoint:   # fixed steps: only the loss read per step
+        assert set(trips) <= {"read::_local_scalar_dense", "read::_to_copy"}
+
+
+# -- torch_geometric ---------------------------------------------------------------------------------
+
+def _graph():
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    return (torch.randn(n, 8, generator=g), torch.randint(0, n, (2, 160), generator=g),
+            torch.randint(0, 3, (n,), generator=g), torch.rand(n, generator=g) < 0.5)
+
+
+@pytest.mark.parametrize("conv", ["GCNConv", "GATConv"])
+def test_torch_geometric_node_classification_like_eager(conv):
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    Conv = getattr(pyg_nn, conv)
+    x, edge_index, y, train_mask = _graph()
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([Conv(8, 16), Conv(16, 3)])
+
+    def train(device):
+        m = copy.deepcopy(layers).to(device)
+        opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        xs, ei, ys, mask = (v.to(device) for v in (x, edge_index, y, train_mask))
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            out = m[1](m[0](xs, ei).relu(), ei)
+            loss = torch.nn.functional.cross_entropy(out[mask], ys[mask])   # a boolean train mask
+            loss.backward()
+            opt.step()
+            if device != "cpu":
+                ltc.mark_step()
+            losses.append(float(loss))
+        return losses, [p.detach().cpu() for p in m.parameters()]
+    eager = train("cpu")
+    ltc.metrics.reset()
+    lazy = train(DEV)
+    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+    trips = report(f"torch_geometric {conv}")
+    assert set(trips) <= {"size::nonzero", "read::_local_scalar_dense", "read::_to_copy"}
+    assert trips.get("size::nonzero", 0) <= 3     # the mask's count (PyG's self loops add some)
+
+
+# -- torchmetrics ------------------------------------------------------------------------------------
+
+def test_torchmetrics_accuracy_and_f1_like_eager():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randint(0, 5, (64,), generator=g), torch.randint(0, 5, (64,), generator=g))
+               for _ in range(3)]
+
+    def run(device):
+        acc = torchmetrics.classification.MulticlassAccuracy(5).to(device)
+        f1 = torchmetrics.classification.MulticlassF1Score(5, average="macro").to(device)
+        for p, t in batches:
+            acc.update(p.to(device), t.to(device))
+            f1.update(p.to(device), t.to(device))
+            if device != "cpu":
+                ltc.mark_step()
+        return acc.compute().cpu(), f1.compute().cpu()
+    eager = run("cpu")
+    ltc.metrics.reset()
+    lazy = run(DEV)
+    torch.testing.assert_close(lazy, eager)
+    report("torchmetrics Accuracy, F1")
+
+
+# -- pyro ------------------------------------------------------------------------------------------
+
+def test_pyro_svi_fits_like_eager():
+    """SVI with an AutoNormal guide.  The lazy device's random stream differs from the host's by
+    contract, so the fits are compared, not the samples: both find the data's mean."""
+    pyro = pytest.importorskip("pyro")
+    dist = pytest.importorskip("pyro.distributions")
+    from pyro.infer import SVI, Trace_ELBO
+    from pyro.infer.autoguide import AutoNormal
+    data = torch.randn(200, generator=torch.Generator().manual_seed(6)) + 3.0
+
+    def fit(device):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        d = data.to(device)
+
+        def model(d):
+            mu = pyro.sample("mu", dist.Normal(torch.zeros((), device=device), 10.0))
+            with pyro.plate("data", len(d)):
+                pyro.sample("obs", dist.Normal(mu, 1.0), obs=d)
+        guide = AutoNormal(model)
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.1}), Trace_ELBO())
+        for _ in range(150):
+            svi.step(d)
+            if device != "cpu":
+                ltc.mark_step()
+        return float(guide.median()["mu"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = fit("cpu")
+        ltc.metrics.reset()
+        lazy = fit(DEV)
+    assert abs(lazy - data.mean().item()) < 0.15 and abs(eager - data.mean().item()) < 0.15
+    report("pyro SVI AutoNormal")
