@@ -101,8 +101,8 @@ execution_job = Event("execution_job", "wrap: an execution's closure before it g
                       "device worker; args (fn, execution); user thread, device lock held")
 read_begins = Event("read_begins", "a host read starts waiting; no args; user thread, no lock")
 read_ends = Event("read_ends", "a host read has its data; args (tensors); user thread, no lock")
-host_read = Event("host_read", "an op returning a Python value reads device data; args (func); "
-                  "user thread, no lock")
+host_read = Event("host_read", "an op reads device data to the host (a Python value, an output "
+                  "size); args (func, what=None); user thread, no lock")
 fallback = Event("fallback", "an op runs eagerly on the host; args (op name, bound args); user "
                  "thread, no lock")
 explicit_reads = Event("explicit_reads", "wrap: a step closure about to run (reads inside are "

@@ -238,12 +238,13 @@ _SCALAR_READ = ".item() / bool(t) / float(t) / int(t) (a tensor's Python value)"
 
 
 @events.host_read.subscribe
-def _host_read(func: Any) -> None:
-    """`host.host_op`: an op returning a Python value is about to read device data."""
+def _host_read(func: Any, what: str | None = None) -> None:
+    """`host.host_op`: an op returning a Python value is about to read device data (`what`
+    says otherwise, e.g. a data-dependent output size)."""
     if inside_method():
         return
     name = str(func)
-    implicit(_SCALAR_READ if name == "aten._local_scalar_dense.default" else f"torch op {name}")
+    implicit(what or (_SCALAR_READ if name == "aten._local_scalar_dense.default" else f"torch op {name}"))
 
 
 @events.fallback.subscribe

@@ -32,7 +32,17 @@ from ..tensor import dispatch as dispatch_module
 from ..tensor.dispatch import dispatch
 from ..tensor.lazy_tensor import LtcTensor, unwrap, wrap
 from ..tensor.special import copy_into
-from . import autocast, collectives, fast_paths, inplace, meta_kernels, modules, native, seam, storage
+from . import (
+    autocast,
+    collectives,
+    fast_paths,
+    inplace,
+    meta_kernels,
+    modules,
+    native,
+    seam,
+    storage,
+)
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _registered = False

@@ -35,7 +35,7 @@ from ..executor import graph_executor as gx
 from ..ir.schema import op_info
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
-from .trace import trace
+from .trace import check_host_arguments, trace
 
 aten = torch.ops.aten
 
@@ -47,8 +47,12 @@ def read_int(t: LtcTensor, func: Any) -> int:
     counters.counter("SizeRead")
     counters.counter("SizeRead::" + op_info(func).name)
     counters.round_trip("size", op_info(func).name)
-    events.host_read(func)
+    events.host_read(func, _size_of(func))
     return int(gx.materialize([t])[0].item())
+
+
+def _size_of(func: Any) -> str:
+    return f"the output size of aten::{op_info(func).name.split('.')[0]} (a data-dependent shape)"
 
 
 def _op(func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -62,7 +66,10 @@ _counted_lock = threading.Lock()
 
 
 def _nonzero(func: Any, args: tuple, kwargs: dict) -> Any:
-    (x,) = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    (x,) = full
     node, out = x._v
     with _counted_lock:
         n = _counted.get(node, {}).get(out)
@@ -82,7 +89,9 @@ def _long_indices(indices: list, func: Any) -> list:
     dimension (eager's `expandTensors`): the columns of `nonzero(mask)`."""
     out: list = []
     for t in indices:
-        if _is_mask(t):
+        if _is_mask(t) and type(t) is not LtcTensor:   # a host mask: its indices, on the host
+            out.extend(torch.nonzero(t).unbind(1))
+        elif _is_mask(t):
             mask = t if t.dtype == torch.bool else _op(aten._to_copy.default, t, dtype=torch.bool)
             nz = _nonzero(aten.nonzero.default, (mask,), {})
             out.extend(_op(aten.select_copy.int, nz, 1, j) for j in range(mask.dim()))
@@ -92,14 +101,20 @@ def _long_indices(indices: list, func: Any) -> list:
 
 
 def _index(func: Any, args: tuple, kwargs: dict) -> Any:
-    x, indices = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    x, indices = full
     if not any(_is_mask(t) for t in indices):
         return _traced(func, x, indices)
     return _traced(func, x, _long_indices(list(indices), func))
 
 
 def _masked_select(func: Any, args: tuple, kwargs: dict) -> Any:
-    x, mask = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    x, mask = full
     if mask.dtype != torch.bool:
         return _traced(func, x, mask)   # eager's error
     shape = list(torch.broadcast_shapes(x.shape, mask.shape))
@@ -118,6 +133,7 @@ def _traced(func: Any, *args: Any) -> Any:
 def _index_put(func: Any, args: tuple, kwargs: dict) -> Any:
     info = op_info(func)
     x, indices, values, accumulate = info.bind(args, kwargs)
+    check_host_arguments(info, [x, indices, values, accumulate])
     masks = [t for t in indices if _is_mask(t)]
     if not masks:
         return _traced(func, x, indices, values, accumulate)
@@ -137,7 +153,10 @@ _BINCOUNT_DTYPES: dict[tuple, torch.dtype] = {}
 
 
 def _bincount(func: Any, args: tuple, kwargs: dict) -> Any:
-    x, weights, minlength = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    x, weights, minlength = full
     if x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
         return _traced(func, x, weights, minlength)   # eager's errors, through the fallback
     n = minlength
@@ -155,7 +174,10 @@ def _bincount(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
-    x, is_sorted, return_inverse, return_counts = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    x, is_sorted, return_inverse, return_counts = full
     if not is_sorted or x.dtype.is_complex:
         # unsorted order is the CPU kernel's hash order: eager's answer.  (NaNs sort last and
         # compare unequal, so each stays its own value, as in eager's sorted unique.)
@@ -208,7 +230,7 @@ def _int_lists(ts: list, func: Any) -> list[list[int]]:
         counters.counter("SizeRead")
         counters.counter("SizeRead::" + op_info(func).name)
         counters.round_trip("size", op_info(func).name)
-        events.host_read(func)
+        events.host_read(func, _size_of(func))
         values = gx.materialize([ts[i] for i in todo])
         for i, v in zip(todo, values):
             out[i] = [int(e) for e in v.tolist()]
@@ -221,19 +243,28 @@ def _int_lists(ts: list, func: Any) -> list[list[int]]:
 def _ctc_loss(func: Any, args: tuple, kwargs: dict) -> Any:
     """`nn.CTCLoss` with length tensors: the lengths become int lists (eager reads them to the
     host too, also on CUDA), the loss and its gradient run on the device."""
-    lp, tg, il, tl, blank, zero_infinity = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    lp, tg, il, tl, blank, zero_infinity = full
     return _traced(aten._ctc_loss.default, lp, tg, *_int_lists([il, tl], func), blank,
                    zero_infinity)
 
 
 def _ctc_loss_backward(func: Any, args: tuple, kwargs: dict) -> Any:
-    grad, lp, tg, il, tl, nll, alpha, blank, zero_infinity = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    grad, lp, tg, il, tl, nll, alpha, blank, zero_infinity = full
     return _traced(aten._ctc_loss_backward.default, grad, lp, tg, *_int_lists([il, tl], func),
                    nll, alpha, blank, zero_infinity)
 
 
 def _repeat_interleave(func: Any, args: tuple, kwargs: dict) -> Any:
-    repeats, output_size = op_info(func).bind(args, kwargs)
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
+    repeats, output_size = full
     if output_size is None and repeats.dim() == 1 and not repeats.dtype.is_floating_point:
         output_size = read_int(_op(aten.sum.default, repeats), func) if repeats.numel() else 0
     return _traced(func, repeats, output_size)
