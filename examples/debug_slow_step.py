@@ -8,7 +8,7 @@ The slow loop
 1. prints the loss with `loss.item()` every step: an implicit sync, the host waits for every
    step, so tracing and execution never overlap;
 2. counts correct predictions with boolean indexing, `pred[keep]`: a data-dependent shape, so
-   the op runs eagerly (an eager fallback, itself a sync, mid-step);
+   its size is read mid-step (a small graph of its own, then a sync);
 3. walks a data set whose size is not a multiple of the batch: the last batch of each epoch is
    smaller, a graph of another shape: a recompile.
 
