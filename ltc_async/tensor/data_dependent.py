@@ -19,8 +19,8 @@ Boolean indexing and `index_put` with a mask are rewritten into long indices fro
 `argwhere` and `masked_select` reach `nonzero` through PyTorch's own decompositions or below.
 
 Each read counts `SizeRead` and `SizeRead::<op>` and is published as `events.host_read` (the
-sync guard names it; `ltc.metrics.report()` lists it).  A count is read once per value: the
-counts already read are kept by IR node (weakly; `_counted_lock` guards the table).
+sync guard names it; `ltc.metrics.report()` lists it).  A value is read once: what was read is
+kept by IR node (weakly; `_known_lock` guards the table, see `_recall`).
 """
 from __future__ import annotations
 
@@ -42,41 +42,62 @@ aten = torch.ops.aten
 __all__ = ["read_int"]
 
 
+def _read(tensors: list[LtcTensor], func: Any) -> list[torch.Tensor]:
+    """The values of lazy tensors that size an output of `func`: one read of their own graph,
+    counted and published (see the module note)."""
+    name = op_info(func).name
+    counters.counter("SizeRead")
+    counters.counter("SizeRead::" + name)
+    counters.round_trip("size", name)
+    events.host_read(func, f"the output size of aten::{name.split('.')[0]} (a data-dependent shape)")
+    return gx.materialize(tensors)
+
+
 def read_int(t: LtcTensor, func: Any) -> int:
     """The value of the 0-dim lazy tensor `t`, an output size of `func`: one small read."""
-    counters.counter("SizeRead")
-    counters.counter("SizeRead::" + op_info(func).name)
-    counters.round_trip("size", op_info(func).name)
-    events.host_read(func, _size_of(func))
-    return int(gx.materialize([t])[0].item())
+    return int(_read([t], func)[0].item())
 
 
-def _size_of(func: Any) -> str:
-    return f"the output size of aten::{op_info(func).name.split('.')[0]} (a data-dependent shape)"
+# Values already read, by the lazy value they were read from (its IR node and output) and what was
+# read: a mask used twice (`logits[mask]`, `labels[mask]`, the backward) has its count read once,
+# CTC lengths are read once for the loss and its backward.  Weak keys: nodes die with their step.
+_known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {(output, what): value}
+_known_lock = threading.Lock()
+
+
+def _recall(t: LtcTensor, what: str) -> Any:
+    node, out = t._v
+    with _known_lock:
+        return _known.get(node, {}).get((out, what))
+
+
+def _remember(t: LtcTensor, what: str, value: Any) -> None:
+    node, out = t._v
+    with _known_lock:
+        _known.setdefault(node, {})[(out, what)] = value
 
 
 def _op(func: Any, *args: Any, **kwargs: Any) -> Any:
     return dispatch(func, args, kwargs or None)
 
 
-# Counts of nonzeros already read, by the value they count (its IR node and output): a mask used
-# twice (`logits[mask]`, `labels[mask]`) is read once.  Weak keys: nodes die with their step.
-_counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_counted_lock = threading.Lock()
+def _bound(handler: Any) -> Any:
+    """A handler taking `(func, *bound arguments)`, which eager CUDA's device rules checked as on
+    the generic path, as the `(func, args, kwargs)` handler `dispatch` calls."""
+    def route(func: Any, args: tuple, kwargs: dict) -> Any:
+        info = op_info(func)
+        full = info.bind(args, kwargs)
+        check_host_arguments(info, full)
+        return handler(func, *full)
+    route.__name__ = handler.__name__
+    return route
 
 
-def _nonzero(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    (x,) = full
-    node, out = x._v
-    with _counted_lock:
-        n = _counted.get(node, {}).get(out)
+def _nonzero(func: Any, x: LtcTensor) -> Any:
+    n = _recall(x, "count_nonzero")
     if n is None:
         n = read_int(_op(aten.count_nonzero.default, x), func)
-        with _counted_lock:
-            _counted.setdefault(node, {})[out] = n
+        _remember(x, "count_nonzero", n)
     return _op(aten.nonzero_static.default, x, size=n, fill_value=-1)
 
 
@@ -93,28 +114,20 @@ def _long_indices(indices: list, func: Any) -> list:
             out.extend(torch.nonzero(t).unbind(1))
         elif _is_mask(t):
             mask = t if t.dtype == torch.bool else _op(aten._to_copy.default, t, dtype=torch.bool)
-            nz = _nonzero(aten.nonzero.default, (mask,), {})
+            nz = _nonzero(aten.nonzero.default, mask)
             out.extend(_op(aten.select_copy.int, nz, 1, j) for j in range(mask.dim()))
         else:
             out.append(t)
     return out
 
 
-def _index(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    x, indices = full
+def _index(func: Any, x: Any, indices: Any) -> Any:
     if not any(_is_mask(t) for t in indices):
         return _traced(func, x, indices)
     return _traced(func, x, _long_indices(list(indices), func))
 
 
-def _masked_select(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    x, mask = full
+def _masked_select(func: Any, x: Any, mask: Any) -> Any:
     if mask.dtype != torch.bool:
         return _traced(func, x, mask)   # eager's error
     shape = list(torch.broadcast_shapes(x.shape, mask.shape))
@@ -130,10 +143,7 @@ def _traced(func: Any, *args: Any) -> Any:
     return trace(func, info, list(args) + [None] * (len(info.arg_names) - len(args)))
 
 
-def _index_put(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    x, indices, values, accumulate = info.bind(args, kwargs)
-    check_host_arguments(info, [x, indices, values, accumulate])
+def _index_put(func: Any, x: Any, indices: Any, values: Any, accumulate: Any) -> Any:
     masks = [t for t in indices if _is_mask(t)]
     if not masks:
         return _traced(func, x, indices, values, accumulate)
@@ -152,11 +162,7 @@ def _index_put(func: Any, args: tuple, kwargs: dict) -> Any:
 _BINCOUNT_DTYPES: dict[tuple, torch.dtype] = {}
 
 
-def _bincount(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    x, weights, minlength = full
+def _bincount(func: Any, x: Any, weights: Any, minlength: Any) -> Any:
     if x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
         return _traced(func, x, weights, minlength)   # eager's errors, through the fallback
     n = minlength
@@ -173,11 +179,8 @@ def _bincount(func: Any, args: tuple, kwargs: dict) -> Any:
     return _op(aten.scatter_add.default, zeros, 0, _op(aten._to_copy.default, x, dtype=torch.long), src)
 
 
-def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    x, is_sorted, return_inverse, return_counts = full
+def _unique2(func: Any, x: Any, is_sorted: Any, return_inverse: Any,
+             return_counts: Any) -> Any:
     if not is_sorted or x.dtype.is_complex:
         # unsorted order is the CPU kernel's hash order: eager's answer.  (NaNs sort last and
         # compare unequal, so each stays its own value, as in eager's sorted unique.)
@@ -193,8 +196,8 @@ def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
         step = _op(aten.ne.Tensor, _op(aten.slice_copy.Tensor, values, 0, 1, m),
                    _op(aten.slice_copy.Tensor, values, 0, 0, m - 1))
         first = _op(aten.cat.default, [head, step])
-    n = read_int(_op(aten.count_nonzero.default, first), func)
-    where = _op(aten.view_copy.default, _op(aten.nonzero_static.default, first, size=n), [-1])
+    where = _op(aten.view_copy.default, _nonzero(func, first), [-1])
+    n = where.shape[0]
     out = _op(aten.index_select.default, values, 0, where)
     group = _op(aten.sub.Tensor, _op(aten.cumsum.default, first, 0), 1)   # long, per sorted slot
     empty = _op(aten.zeros.default, [0], dtype=torch.long, device=x.device)
@@ -209,75 +212,46 @@ def _unique2(func: Any, args: tuple, kwargs: dict) -> Any:
     return out, inverse, counts
 
 
-_read_lists: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {output: list}
-
-
 def _int_lists(ts: list, func: Any) -> list[list[int]]:
     """The values of 1-D length tensors as Python ints: a host tensor's directly, the lazy ones'
-    in one read (kept by value: the backward reads the forward's lengths again)."""
-    out: list = [None] * len(ts)
-    todo = []
-    for i, t in enumerate(ts):
-        if type(t) is not LtcTensor:
-            out[i] = [int(v) for v in t.tolist()]
-            continue
-        node, k = t._v
-        with _counted_lock:
-            out[i] = _read_lists.get(node, {}).get(k)
-        if out[i] is None:
-            todo.append(i)
-    if todo:
-        counters.counter("SizeRead")
-        counters.counter("SizeRead::" + op_info(func).name)
-        counters.round_trip("size", op_info(func).name)
-        events.host_read(func, _size_of(func))
-        values = gx.materialize([ts[i] for i in todo])
-        for i, v in zip(todo, values):
-            out[i] = [int(e) for e in v.tolist()]
-            node, k = ts[i]._v
-            with _counted_lock:
-                _read_lists.setdefault(node, {})[k] = out[i]
+    in one read (remembered by value: the backward reads the forward's lengths again)."""
+    out = [[int(v) for v in t.tolist()] if type(t) is not LtcTensor else _recall(t, "ints")
+           for t in ts]
+    todo = [i for i, v in enumerate(out) if v is None]
+    for i, v in zip(todo, _read([ts[i] for i in todo], func) if todo else ()):
+        out[i] = [int(e) for e in v.tolist()]
+        _remember(ts[i], "ints", out[i])
     return out
 
 
-def _ctc_loss(func: Any, args: tuple, kwargs: dict) -> Any:
+def _ctc_loss(func: Any, lp: Any, tg: Any, il: Any, tl: Any, blank: Any,
+              zero_infinity: Any) -> Any:
     """`nn.CTCLoss` with length tensors: the lengths become int lists (eager reads them to the
     host too, also on CUDA), the loss and its gradient run on the device."""
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    lp, tg, il, tl, blank, zero_infinity = full
     return _traced(aten._ctc_loss.default, lp, tg, *_int_lists([il, tl], func), blank,
                    zero_infinity)
 
 
-def _ctc_loss_backward(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    grad, lp, tg, il, tl, nll, alpha, blank, zero_infinity = full
+def _ctc_loss_backward(func: Any, grad: Any, lp: Any, tg: Any, il: Any, tl: Any, nll: Any,
+                       alpha: Any, blank: Any, zero_infinity: Any) -> Any:
     return _traced(aten._ctc_loss_backward.default, grad, lp, tg, *_int_lists([il, tl], func),
                    nll, alpha, blank, zero_infinity)
 
 
-def _repeat_interleave(func: Any, args: tuple, kwargs: dict) -> Any:
-    info = op_info(func)
-    full = info.bind(args, kwargs)
-    check_host_arguments(info, full)   # eager CUDA's device rules, as on the generic path
-    repeats, output_size = full
+def _repeat_interleave(func: Any, repeats: Any, output_size: Any) -> Any:
     if output_size is None and repeats.dim() == 1 and not repeats.dtype.is_floating_point:
         output_size = read_int(_op(aten.sum.default, repeats), func) if repeats.numel() else 0
     return _traced(func, repeats, output_size)
 
 
 register_handlers({
-    aten.nonzero.default: _nonzero,
-    aten.index.Tensor: _index,
-    aten.index_put.default: _index_put,
-    aten.masked_select.default: _masked_select,
-    aten.bincount.default: _bincount,
-    aten._unique2.default: _unique2,
-    aten.repeat_interleave.Tensor: _repeat_interleave,
-    aten._ctc_loss.Tensor: _ctc_loss,
-    aten._ctc_loss_backward.Tensor: _ctc_loss_backward,
+    aten.nonzero.default: _bound(_nonzero),
+    aten.index.Tensor: _bound(_index),
+    aten.index_put.default: _bound(_index_put),
+    aten.masked_select.default: _bound(_masked_select),
+    aten.bincount.default: _bound(_bincount),
+    aten._unique2.default: _bound(_unique2),
+    aten.repeat_interleave.Tensor: _bound(_repeat_interleave),
+    aten._ctc_loss.Tensor: _bound(_ctc_loss),
+    aten._ctc_loss_backward.Tensor: _bound(_ctc_loss_backward),
 })
