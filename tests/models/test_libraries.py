@@ -28,6 +28,29 @@ def report(name: str) -> dict:
     return trips
 
 
+def train_like_eager(model: torch.nn.Module, make_opt, loss_of, steps: int = 3) -> None:
+    """Train copies of `model` on the CPU and on `ltc:0` (`loss_of(model, device)` gives a
+    step's loss) and compare the losses and the final parameters; counters are reset before
+    the lazy run."""
+    def train(device):
+        m = copy.deepcopy(model).to(device)
+        opt = make_opt(m.parameters())
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = loss_of(m, device)
+            loss.backward()
+            opt.step()
+            if device != "cpu":
+                ltc.mark_step()
+            losses.append(float(loss))
+        return losses, [p.detach().cpu() for p in m.parameters()]
+    eager = train("cpu")
+    ltc.metrics.reset()
+    lazy = train(DEV)
+    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+
+
 # -- torchdiffeq -----------------------------------------------------------------------------------
 
 torchdiffeq = pytest.importorskip("torchdiffeq")
@@ -51,27 +74,11 @@ def test_torchdiffeq_neural_ode_trains_like_eager(solver):
     solve = torchdiffeq.odeint_adjoint if adjoint else torchdiffeq.odeint
     kw = dict(rtol=1e-3, atol=1e-4) if adjoint else dict(method="rk4", options=dict(step_size=0.1))
 
-    def train(device):
-        f = copy.deepcopy(func).to(device)
-        opt = torch.optim.SGD(f.parameters(), lr=0.05)
-        t = torch.linspace(0, 1, 5).to(device)
-        losses = []
-        for _ in range(3):
-            opt.zero_grad()
-            ys = solve(f, y0.to(device), t, **kw)
-            loss = ys.pow(2).mean()
-            loss.backward()
-            opt.step()
-            if device != "cpu":
-                ltc.mark_step()
-            losses.append(float(loss))
-        return losses, [p.detach().cpu() for p in f.parameters()]
-    eager = train("cpu")
-    ltc.metrics.reset()
-    lazy = train(DEV)
-    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+    t = torch.linspace(0, 1, 5)
+    train_like_eager(func, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                     lambda f, device: solve(f, y0.to(device), t.to(device), **kw).pow(2).mean())
     trips = report(f"torchdiffeq {solver}")
-    if not adjoint:   # fixed steps: only the loss read per step
+    if not adjoint:   # fixed steps: no size reads; the reads are the solver comparing `t` values and the loss
         assert set(trips) <= {"read::_local_scalar_dense", "read::_to_copy"}
 
 
@@ -92,25 +99,14 @@ def test_torch_geometric_node_classification_like_eager(conv):
     torch.manual_seed(0)
     layers = torch.nn.ModuleList([Conv(8, 16), Conv(16, 3)])
 
-    def train(device):
-        m = copy.deepcopy(layers).to(device)
-        opt = torch.optim.Adam(m.parameters(), lr=0.01)
-        xs, ei, ys, mask = (v.to(device) for v in (x, edge_index, y, train_mask))
-        losses = []
-        for _ in range(3):
-            opt.zero_grad()
-            out = m[1](m[0](xs, ei).relu(), ei)
-            loss = torch.nn.functional.cross_entropy(out[mask], ys[mask])   # a boolean train mask
-            loss.backward()
-            opt.step()
-            if device != "cpu":
-                ltc.mark_step()
-            losses.append(float(loss))
-        return losses, [p.detach().cpu() for p in m.parameters()]
-    eager = train("cpu")
-    ltc.metrics.reset()
-    lazy = train(DEV)
-    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+    data = {"cpu": (x, edge_index, y, train_mask),
+            DEV: tuple(v.to(DEV) for v in (x, edge_index, y, train_mask))}
+
+    def loss_of(m, device):
+        xs, ei, ys, mask = data[device]
+        out = m[1](m[0](xs, ei).relu(), ei)
+        return torch.nn.functional.cross_entropy(out[mask], ys[mask])   # a boolean train mask
+    train_like_eager(layers, lambda ps: torch.optim.Adam(ps, lr=0.01), loss_of)
     trips = report(f"torch_geometric {conv}")
     assert set(trips) <= {"size::nonzero", "read::_local_scalar_dense", "read::_to_copy"}
     assert trips.get("size::nonzero", 0) <= 3     # the mask's count (PyG's self loops add some)
