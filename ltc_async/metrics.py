@@ -16,8 +16,8 @@ from .base.counters import (
     fmt_time,
     metric_data,
     metric_names,
-    metrics_snapshot,
     round_trips,
+    snapshot,
 )
 from .base.counters import reset as _reset_counters
 from .diagnostics import findings as _findings
@@ -56,12 +56,13 @@ def report() -> str:
     fallbacks by op and user line, recompiles by call site, syncs per step, devices idle while
     the host traces, each with what to change."""
     lines = []
-    for name, count, total, samples in metrics_snapshot():
+    metrics, values = snapshot()   # settled once (the compile queue, DestroyLtcTensor's scan)
+    for name, count, total, samples in metrics:
         med = samples[len(samples) // 2] if samples else 0.0
         lines.append(f"Metric: {name}\n  TotalSamples: {count}\n  Accumulator: {fmt_time(total)}\n"
                      f"  Median (recent): {fmt_time(med)}")
-    for name in counter_names():
-        lines.append(f"Counter: {name}\n  Value: {counter_value(name) or 0}")
+    for name, value in values.items():
+        lines.append(f"Counter: {name}\n  Value: {value}")
     trips = host_round_trips()
     if trips:
         unit = "per step" if counter_value("MarkStep") else "in all"

@@ -144,11 +144,14 @@ def reset() -> None:
         events.counters_reset()
 
 
-def metrics_snapshot() -> list[tuple[str, int, float, list[float]]]:
-    """(name, count, sum, sorted recent samples) of every metric, for the report."""
+def snapshot() -> tuple[list[tuple[str, int, float, list[float]]], dict[str, int]]:
+    """For the report, settled once: (name, count, sum, sorted recent samples) of every metric,
+    and every counter's value (the `ALWAYS_PRESENT` ones included)."""
     _settle("*")
     with _metrics_lock:
-        return [(k, v[0], v[1], sorted(v[2])) for k, v in sorted(_metrics.items())]
+        metrics = [(k, v[0], v[1], sorted(v[2])) for k, v in sorted(_metrics.items())]
+    names = sorted({k for k, v in list(_counters.items()) if v} | set(ALWAYS_PRESENT))
+    return metrics, {k: _counters.get(k, 0) for k in names}
 
 
 def fmt_time(s: float) -> str:
