@@ -86,6 +86,31 @@ def ctc(device: str):
     return step
 
 
+def wav2vec2(device: str):
+    import transformers
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        conv_dim=(32, 32), conv_stride=(5, 4), conv_kernel=(10, 8), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2ForCTC(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(7)
+    audio = torch.randn(4, 8000, generator=g).to(device)
+    labels = torch.randint(1, 32, (4, 20), generator=g)
+    labels[1, 12:] = labels[3, 15:] = -100
+    labels = labels.to(device)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(audio, labels=labels).loss.backward()
+        opt.step()
+        _mark(device)
+    return step
+
+
 def neural_ode(device: str):
     from torchdiffeq import odeint
     from tests.models.test_libraries import ODEFunc
@@ -115,7 +140,7 @@ def metrics_update(device: str):
     return step
 
 
-CASES = {"moe": moe, "gcn": _pyg("GCNConv"), "gat": _pyg("GATConv"), "ctc": ctc,
+CASES = {"moe": moe, "gcn": _pyg("GCNConv"), "gat": _pyg("GATConv"), "ctc": ctc, "wav2vec2": wav2vec2,
          "neural_ode": neural_ode, "torchmetrics": metrics_update}
 
 

@@ -119,3 +119,31 @@ def test_shape_errors_raise_at_the_line_and_leave_inputs_intact():
         a.view(4)
     torch.testing.assert_close(a.cpu(), torch.ones(2, 3))
     _device_still_works()
+
+
+@pytest.mark.parametrize("case", [
+    "argmax_bool", "softmax_long", "std_int", "relu_bool", "median_bool", "bitwise_not_float", "mm_half_float"])
+def test_dtype_errors_raise_at_the_line_like_eager(case):
+    """Kernels eager has no case for (a bool argmax, a long softmax) are refused at the line that
+    called them, with eager's message, although their meta kernels accept the dtype; a value the
+    stand-ins' zeros would trip (an integer division by zero) is not refused."""
+    mask = torch.tensor([True, False, True])
+    ints = torch.tensor([3, 0, 2])
+    make = {
+        "argmax_bool": lambda d: torch.argmax(mask.to(d), dim=0),
+        "softmax_long": lambda d: torch.softmax(ints.to(d), 0),
+        "std_int": lambda d: ints.to(d).std(),
+        "relu_bool": lambda d: torch.relu(mask.to(d)),
+        "median_bool": lambda d: mask.to(d).median(),
+        "bitwise_not_float": lambda d: torch.bitwise_not(ints.float().to(d)),
+        "mm_half_float": lambda d: torch.ones(2, 2, dtype=torch.float16, device=d) @ torch.ones(2, 2, device=d),
+    }[case]
+    with pytest.raises(RuntimeError) as eager:
+        make("cpu")
+    with pytest.raises(RuntimeError) as lazy:
+        make(DEV)
+    assert str(lazy.value).splitlines()[0] == str(eager.value).splitlines()[0]
+    # an integer division the zero stand-ins would divide by zero traces and computes
+    x = torch.tensor([6, 4, 9])
+    torch.testing.assert_close((x.to(DEV) // torch.tensor([3, 2, 3], device=DEV)).cpu(), x // torch.tensor([3, 2, 3]))
+    _device_still_works()

@@ -177,8 +177,10 @@ class GraphFunction:
             cap: Capture | _Replay = self._record(args, inner, ctx, placeholders)
         except Exception as e:  # noqa: BLE001 - the real run (replay) raises what applies
             cap = _Replay(f"capture_raised:{type(e).__name__}")
-        # the recording's tensors are gone with `_record`'s frame: a body keeps its leaves'
+        # the recording's tensors are gone with `_record`'s frame (or, if something still
+        # holds one, are no longer pending work of the device): a body keeps its leaves'
         # structure, not their placeholder values
+        _forget(ctx, placeholders)
         for node in placeholders:
             node.data = None
         if type(cap) is _Replay:
@@ -279,6 +281,32 @@ class GraphFunction:
         return Capture(op, tuple(tensor_index[j] for j, _ in formals), tuple((n, 0) for n in consts),
                        tuple(final(s, k) for k, s in enumerate(result)),
                        tuple((j, final(s)) for j, s in mutated))
+
+
+def _forget(ctx: Any, placeholders: list[Node]) -> None:
+    """Unregister the capture's tensors that are still alive (a reference cycle, a tensor a
+    graph stored on the side): their IR reads placeholders whose values are dropped, so the next
+    step must not cut them.  Only tensors whose IR reaches a placeholder are touched; other
+    threads' tensors on the same device are not."""
+    if ctx is None or not placeholders:
+        return
+    reaches: dict[int, bool] = {id(n): True for n in placeholders}
+
+    def built_on_placeholders(node: Node) -> bool:
+        stack = [(node, False)]
+        while stack:   # iterative post-order (graphs are deep), memoized across tensors
+            n, expanded = stack.pop()
+            if id(n) in reaches:
+                continue
+            if expanded:
+                reaches[id(n)] = any(reaches[id(o)] for o, _ in n.operands)
+            else:
+                stack.append((n, True))
+                stack.extend((o, False) for o, _ in n.operands if id(o) not in reaches)
+        return reaches[id(node)]
+    for t in ctx.live_tensors():
+        if built_on_placeholders(t._v[0]):
+            ctx.unregister(t)
 
 
 def _apply_mutations(ctx: Any, node: Node | None, args: list, mutations: tuple) -> None:

@@ -10,8 +10,12 @@ that requires grad (a module's parameter) a grad_fn, so `meta_utils.assert_metad
 XLA and LTC tensors are functional wrappers too, and PyTorch special-cases their device types
 (`meta_utils.py`: `t.device.type not in ("xla", "lazy")`): they are described as plain dense
 tensors of their device, fake-ified as a `FakeTensor` on that device with the same
-`requires_grad` / leaf-ness, and views are rebuilt from their fake base.  `install()` wraps
-`describe_tensor` so `ltc` gets that same treatment.
+`requires_grad` / leaf-ness, and views are rebuilt from their fake base.  `ltc` gets the same
+treatment: the describer asks `torch._is_functional_tensor(t)` (its only use in
+`meta_utils`), and `install()` gives `meta_utils` a `torch` whose answer is False for `ltc`
+tensors.  (Rewriting the description after the fact is not enough: the describer raises
+"Cannot safely fakify a view" for a functional view before returning -- a static KV cache's
+layers are views of one buffer.)
 
 Second, `FakeTensorMode.avoid_device_init`: a fake trace may materialize real tensors on a
 device it believes is available, and a registered PrivateUse1 backend counts as available.
@@ -23,13 +27,24 @@ constant-folded: `install()` makes it true whenever `ltc_async` is imported.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
+import torch
 from torch._subclasses import meta_utils
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 _installed = False
+
+
+class _TorchForDescriber:
+    """`torch`, as `meta_utils` sees it: `ltc` tensors are not functional tensors there."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def _is_functional_tensor(t: Any) -> bool:
+        return t.device.type != "ltc" and torch._is_functional_tensor(t)
 
 
 def install() -> None:
@@ -37,15 +52,6 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    original = meta_utils.MetaTensorDescriber.describe_tensor
-
-    def describe_tensor(self: Any, t: Any, *, recurse: bool = True, trace: bool = False) -> Any:
-        desc = original(self, t, recurse=recurse, trace=trace)
-        if desc.is_functional and desc.device.type == "ltc":
-            desc = dataclasses.replace(desc, is_functional=False, unwrapped=None,
-                                       autograd_meta_from=None)
-        return desc
-
-    meta_utils.MetaTensorDescriber.describe_tensor = describe_tensor
+    meta_utils.torch = _TorchForDescriber()   # type: ignore[assignment]
     FakeTensorMode.avoid_device_init = property(lambda self: True)  # type: ignore[method-assign]
     _installed = True

@@ -8,8 +8,8 @@ For the `x_copy` ops functionalization produces, the strides are those of the vi
 (what eager would report).
 
 Meta kernels check shapes, but not always dtypes: `mm` on meta takes `float16 @ float32`, which
-every eager kernel rejects.  So a signature whose tensor inputs mix floating-point dtypes is
-also run once by eager on the backing device (`_run_like_eager`), on zero-filled stand-ins
+every eager kernel rejects, and `argmax` a bool tensor.  So a signature whose tensor inputs mix
+floating-point dtypes, or include a bool or integer tensor, is also run once by eager on the backing device (`_run_like_eager`), on zero-filled stand-ins
 with the inputs' shapes and strides: eager's error, at the user's line, instead of a failed
 execution later.  Meta kernels also type some outputs after CUDA: `native_layer_norm` and
 `native_batch_norm` give float32 mean/rstd for bf16 inputs, where the CPU kernels keep bf16.  So
@@ -144,14 +144,18 @@ def _stand_in(t: LtcTensor) -> torch.Tensor:
 
 
 _LOW = (torch.bfloat16, torch.float16)
+_INTEGRAL_OPS = ("bitwise_", "gcd", "lcm", "__lshift__", "__rshift__")
 
 
 def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
     """Run the op once by eager on the backing device, on stand-ins, where meta may disagree
     with it; return eager's result, or None when meta is trusted.
 
-    Two cases: inputs mixing floating-point dtypes, which meta accepts where eager kernels
-    refuse them (eager's error, raised here, at the user's line); and ops with several outputs
+    Three cases: inputs mixing floating-point dtypes, which meta accepts where eager kernels
+    refuse them (eager's error, raised here, at the user's line); bool or integer inputs, which
+    many meta kernels accept where the eager kernel has no case for the dtype (`argmax` of a
+    bool tensor, `softmax` of a long one: eager's error if it is about the dtype; an error that
+    the stand-ins' zeros cause is not the user's and is dropped); and ops with several outputs
     over bf16/fp16 inputs, whose auxiliary outputs meta types after CUDA (`native_layer_norm`'s
     mean and rstd in float32) while the CPU kernels keep the input's dtype: the metas must be
     the dtypes the device will produce, or the backward pass mixes dtypes eager never sees."""
@@ -160,18 +164,42 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
     inputs = _lazy_inputs(full)
     floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
     several = isinstance(out, (tuple, list)) and len(out) > 1 and not floats.isdisjoint(_LOW)
-    if len(floats) < 2 and not several:
+    # a bool or integer input, or an op defined for integers only (meta takes floats)
+    exact = any(not (t._m.dtype.is_floating_point or t._m.dtype.is_complex) for t in inputs) \
+        or info.name.startswith(_INTEGRAL_OPS)
+    if len(floats) < 2 and not several and not exact:
         return None
+    device = inputs[0]._ctx.backend_device
+    try:
+        return call(func, info, [_real(v, device) for v in full])
+    except RuntimeError as e:
+        if not exact or len(floats) >= 2 or several or _about_dtypes(str(e), inputs):
+            raise
+        return None  # an error of the stand-ins' zero values (a zero-sum multinomial, ...)
 
-    def real(v: Any) -> Any:
-        if type(v) is LtcTensor:
-            return _stand_in(v)
-        if isinstance(v, torch.device) and v.type == "ltc":
-            return inputs[0]._ctx.backend_device
-        if type(v) is list or type(v) is tuple:
-            return [real(e) for e in v] if any(isinstance(e, torch.Tensor) for e in v) else v
-        return v
-    return call(func, info, [real(v) for v in full])
+
+def _real(v: Any, device: torch.device) -> Any:
+    """An argument for eager's run: lazy tensors as stand-ins, the ltc device as the backing
+    one.  (A module function, not a closure: a recursive closure is a reference cycle, which
+    would keep a compiled graph's capture-time tensors alive, and pending, until a gc.)"""
+    if type(v) is LtcTensor:
+        return _stand_in(v)
+    if isinstance(v, torch.device) and v.type == "ltc":
+        return device
+    if type(v) is list or type(v) is tuple:
+        return [_real(e, device) for e in v] if any(isinstance(e, torch.Tensor) for e in v) else v
+    return v
+
+
+def _about_dtypes(message: str, inputs: list[LtcTensor]) -> bool:
+    """Whether eager's error on zero-filled stand-ins is about the inputs' dtypes (an eager
+    kernel with no case for them: "argmax(): does not support bool input", '"softmax" not
+    implemented for 'Long'') rather than about zeros, which the real values may not be."""
+    low = message.lower()
+    if "dtype" in low or "floating point" in low or "integral" in low or "not implemented for" in low:
+        return True
+    names = {str(t._m.dtype).removeprefix("torch.") for t in inputs}
+    return any(n in low for n in names) or ("bool" in names and "boolean" in low)
 
 
 def _with_dtypes_of(out: Any, eager: Any) -> Any:

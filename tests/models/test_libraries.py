@@ -170,3 +170,36 @@ def test_pyro_svi_fits_like_eager():
         lazy = fit(DEV)
     assert abs(lazy - data.mean().item()) < 0.15 and abs(eager - data.mean().item()) < 0.15
     report("pyro SVI AutoNormal")
+
+
+# -- transformers Wav2Vec2ForCTC -------------------------------------------------------------------
+
+def test_wav2vec2_ctc_fine_tuning_like_eager():
+    """Speech recognition fine-tuning as the transformers docs write it: raw audio in, labels
+    padded with -100, `Wav2Vec2ForCTC` computes `nn.functional.ctc_loss` over the label lengths
+    it finds with a boolean mask (`labels >= 0`, `masked_select`).  Dropout and SpecAugment
+    masking off (the device's random stream differs from the host's by contract)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=12, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 8), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
+        ctc_loss_reduction="mean", pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2ForCTC(cfg)
+    g = torch.Generator().manual_seed(7)
+    audio = torch.randn(2, 1600, generator=g)
+    labels = torch.randint(1, 12, (2, 9), generator=g)
+    labels[0, 6:] = -100                       # the first utterance's transcript is shorter
+    train_like_eager(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                     lambda m, device: m(audio.to(device), labels=labels.to(device)).loss)
+    trips = report("transformers Wav2Vec2ForCTC")
+    # per step: the label lengths (one size read for `masked_select`, one for the CTC lengths),
+    # the library's own check `labels.max() >= vocab_size` and the test's `float(loss)`; the
+    # parameters read once at the end by the comparison (`read::_to_copy`)
+    assert trips.get("size::nonzero") == 1 and trips.get("size::_ctc_loss.Tensor") == 1, trips
+    assert trips.get("read::_local_scalar_dense") == 2, trips
+    assert set(trips) == {"size::nonzero", "size::_ctc_loss.Tensor", "read::_local_scalar_dense",
+                          "read::_to_copy"}, trips

@@ -308,6 +308,59 @@ def test_gpt2_generate_compiles_a_bounded_number_of_graphs():
     assert compiles <= 4, f"{compiles} compiles for 12 more tokens"
 
 
+def _llama() -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   max_position_embeddings=128)     # GQA: 4 query heads, 2 KV heads
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _compiles() -> int:
+    return sum(ltc.metrics.counter_value(c) or 0 for c in ("UncachedCompile", "CompileReuse"))
+
+
+@pytest.mark.parametrize("make", [_llama, _gpt2], ids=["llama", "gpt2"])
+def test_generate_tokens_equal_eager_and_graphs_are_reused(make):
+    """Greedy decoding on the lazy path: the tokens of eager; a second call with the same prompt
+    length compiles nothing; a prompt of another length compiles at most 2 graphs (its prefill
+    and the first token after it: later tokens reuse the graphs of the same cache lengths)."""
+    torch.manual_seed(0)
+    eager = make().eval()
+    lazy = copy.deepcopy(eager).to("ltc:0")
+    prompt = torch.randint(1, 128, (1, 7), generator=G)
+    longer = torch.randint(1, 128, (1, 9), generator=G)
+    with torch.no_grad():
+        assert torch.equal(_generate(lazy, prompt.to("ltc:0"), 10).cpu(), _generate(eager, prompt, 10))
+        ltc.metrics.reset()
+        assert torch.equal(_generate(lazy, prompt.to("ltc:0"), 10).cpu(), _generate(eager, prompt, 10))
+        assert _compiles() == 0
+        ltc.metrics.reset()
+        assert torch.equal(_generate(lazy, longer.to("ltc:0"), 8).cpu(), _generate(eager, longer, 8))
+        assert _compiles() <= 2, f"{_compiles()} compiles for a prompt of another length"
+        assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
+
+
+@pytest.mark.parametrize("make", [_llama, _gpt2], ids=["llama", "gpt2"])
+def test_generate_compile_path_with_a_static_cache(make):
+    """The recipe transformers gives for torch.compile (a static KV cache, `model.forward`
+    compiled), with `backend="ltc"`: the tokens of eager, and a second call captures nothing new
+    and compiles no graph."""
+    torch.manual_seed(0)
+    eager = make().eval()
+    lazy = copy.deepcopy(eager).to("ltc:0")
+    lazy.generation_config.cache_implementation = "static"
+    lazy.forward = torch.compile(lazy.forward, backend="ltc")
+    prompt = torch.randint(1, 128, (1, 6), generator=G)
+    want = _generate(eager, prompt, 10)
+    with torch.no_grad():
+        assert torch.equal(_generate(lazy, prompt.to("ltc:0"), 10).cpu(), want)
+        ltc.metrics.reset()
+        assert torch.equal(_generate(lazy, prompt.to("ltc:0"), 10).cpu(), want)
+    assert _compiles() == 0
+    assert (ltc.metrics.counter_value("CompiledGraphCapture") or 0) == 0
+    assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
+
+
 # -- every model in bf16 and under autocast: forward and backward -----------------------------------
 #
 # A change to a shared mechanism (shape inference, decompositions, the backward pass) can break
