@@ -12,7 +12,6 @@ why (`ltc.metrics.host_round_trips()`), counted over a separate run of `steps` s
 from __future__ import annotations
 
 import argparse
-import copy
 import warnings
 
 import torch
@@ -113,6 +112,7 @@ def wav2vec2(device: str):
 
 def neural_ode(device: str):
     from torchdiffeq import odeint
+
     from tests.models.test_libraries import ODEFunc
     torch.manual_seed(0)
     f = ODEFunc().to(device)
