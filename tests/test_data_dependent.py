@@ -224,9 +224,9 @@ def test_ctc_loss_training_on_the_device():
 
 
 def test_host_round_trips_say_why_per_step():
-    x = torch.randn(8, 4).to(DEV)
     ltc.metrics.reset()
     for _ in range(2):
+        x = torch.randn(8, 4).to(DEV)                              # a new batch
         total = x[x > 0].sum()                                     # a size read
         torch.cumprod(x, 0, out=torch.empty(0, device=DEV))        # an out= resize on the device
         print_value = float(total)                                 # a user read
@@ -237,3 +237,25 @@ def test_host_round_trips_say_why_per_step():
     assert trips["read::_local_scalar_dense"] == 1.0
     assert ltc.metrics.host_round_trips(per_step=False)["size::nonzero"] == 2.0
     assert "Host round trips (per step, by why)" in ltc.metrics.report()
+
+
+def test_a_mask_rebuilt_from_the_same_data_is_read_once():
+    """A library that rebuilds a mask every step from fixed device data (PyG's self-loop mask of a
+    fixed `edge_index`) pays its size read in the first step only; when the data changes (a new
+    batch, an in-place update), the count is read again and the values stay eager's."""
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 3], [1, 1, 2, 0, 3, 0]])
+    feats = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    ei, f = edge_index.to(DEV), feats.to(DEV)
+    ltc.metrics.reset()
+    for step in range(3):
+        keep = ei[0] != ei[1]                                      # rebuilt every step
+        got = f[keep] * (step + 1)
+        want = feats[edge_index[0] != edge_index[1]] * (step + 1)
+        torch.testing.assert_close(got.cpu(), want)
+        ltc.mark_step()
+    assert ltc.metrics.counter_value("SizeRead") == 1
+    assert ltc.metrics.counter_value("SizeReadReused") == 2
+    ei[1, 0] = 0                    # now edge 0 is a self loop: the data changed
+    edge_index[1, 0] = 0
+    torch.testing.assert_close(f[ei[0] != ei[1]].cpu(), feats[edge_index[0] != edge_index[1]])
+    assert ltc.metrics.counter_value("SizeRead") == 2

@@ -20,7 +20,9 @@ Boolean indexing and `index_put` with a mask are rewritten into long indices fro
 
 Each read counts `SizeRead` and `SizeRead::<op>` and is published as `events.host_read` (the
 sync guard names it; `ltc.metrics.report()` lists it).  A value is read once: what was read is
-kept by IR node (weakly; `_known_lock` guards the table, see `_recall`).
+kept by IR node, and by how it is computed from which device data, across steps (`_recall`:
+a mask a library rebuilds every step from the same data is read once; `SizeReadReused` counts
+the reads saved).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 
 from ..base import counters, events
 from ..executor import graph_executor as gx
+from ..ir.node import post_order
 from ..ir.schema import op_info
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
@@ -62,19 +65,68 @@ def read_int(t: LtcTensor, func: Any) -> int:
 # read: a mask used twice (`logits[mask]`, `labels[mask]`, the backward) has its count read once,
 # CTC lengths are read once for the loss and its backward.  Weak keys: nodes die with their step.
 _known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {(output, what): value}
-_known_lock = threading.Lock()
+# ... and by how the value is computed (`_provenance`), across steps: a mask that a library
+# rebuilds every step from the same device data (PyG's self-loop mask of a fixed `edge_index`, a
+# padding mask of fixed labels) is read in the first step only.  Entries hold their leaves'
+# data weakly: a leaf that is gone (a parameter updated, a new batch) can never match again.
+_by_provenance: dict[tuple, tuple[Any, tuple]] = {}   # key -> (value, weakrefs of leaf data)
+_PROVENANCE_MAX_NODES = 2048      # larger graphs are not keyed (the walk would cost a trace)
+_PROVENANCE_MAX_ENTRIES = 1024
+_known_lock = threading.Lock()    # guards `_known` and `_by_provenance`
 
 
-def _recall(t: LtcTensor, what: str) -> Any:
+def _provenance(t: LtcTensor) -> tuple[tuple, list] | None:
+    """`t`'s value named by its computation: every op of its graph (node key, scalars -- random
+    seeds included --, output metas, operand positions) down to device-data leaves, which are
+    named by the identity of their data.  Equal keys whose leaves are the same live data
+    objects compute equal values.  None for a graph too large to walk per read."""
+    node, out = t._v
+    order = post_order([node])
+    if len(order) > _PROVENANCE_MAX_NODES:
+        return None
+    index = {id(n): i for i, n in enumerate(order)}
+    parts, leaves = [], []
+    for n in order:
+        if n.is_data:
+            parts.append((id(n.data), n.outputs))
+            leaves.append(n.data)
+        else:
+            parts.append((n.key, n.scalars, n.outputs, tuple([(index[id(o)], i) for o, i in n.operands])))
+    try:
+        hash(key := (tuple(parts), out))
+    except TypeError:   # an unhashable scalar: not keyed
+        return None
+    return key, leaves
+
+
+def _recall(t: LtcTensor, what: str) -> tuple[Any, Any]:
+    """(the value read before, or None; a token for `_remember`)."""
     node, out = t._v
     with _known_lock:
-        return _known.get(node, {}).get((out, what))
+        known = _known.get(node, {}).get((out, what))
+    if known is not None:
+        return known, None
+    prov = _provenance(t)
+    if prov is None:
+        return None, None
+    key = (prov[0], what)
+    with _known_lock:
+        hit = _by_provenance.get(key)
+    if hit is not None and all(r() is not None for r in hit[1]):
+        counters.counter("SizeReadReused")
+        _remember(t, what, hit[0], None)
+        return hit[0], None
+    return None, (key, prov[1])
 
 
-def _remember(t: LtcTensor, what: str, value: Any) -> None:
+def _remember(t: LtcTensor, what: str, value: Any, token: Any) -> None:
     node, out = t._v
     with _known_lock:
         _known.setdefault(node, {})[(out, what)] = value
+        if token is not None:
+            if len(_by_provenance) >= _PROVENANCE_MAX_ENTRIES:
+                _by_provenance.clear()
+            _by_provenance[token[0]] = (value, tuple(weakref.ref(d) for d in token[1]))
 
 
 def _op(func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -94,10 +146,10 @@ def _bound(handler: Any) -> Any:
 
 
 def _nonzero(func: Any, x: LtcTensor) -> Any:
-    n = _recall(x, "count_nonzero")
+    n, token = _recall(x, "count_nonzero")
     if n is None:
         n = read_int(_op(aten.count_nonzero.default, x), func)
-        _remember(x, "count_nonzero", n)
+        _remember(x, "count_nonzero", n, token)
     return _op(aten.nonzero_static.default, x, size=n, fill_value=-1)
 
 
@@ -215,12 +267,13 @@ def _unique2(func: Any, x: Any, is_sorted: Any, return_inverse: Any,
 def _int_lists(ts: list, func: Any) -> list[list[int]]:
     """The values of 1-D length tensors as Python ints: a host tensor's directly, the lazy ones'
     in one read (remembered by value: the backward reads the forward's lengths again)."""
-    out = [[int(v) for v in t.tolist()] if type(t) is not LtcTensor else _recall(t, "ints")
-           for t in ts]
+    recalled = [([int(v) for v in t.tolist()], None) if type(t) is not LtcTensor else _recall(t, "ints")
+                for t in ts]
+    out = [v for v, _ in recalled]
     todo = [i for i, v in enumerate(out) if v is None]
     for i, v in zip(todo, _read([ts[i] for i in todo], func) if todo else ()):
         out[i] = [int(e) for e in v.tolist()]
-        _remember(ts[i], "ints", out[i])
+        _remember(ts[i], "ints", out[i], recalled[i][1])
     return out
 
 
