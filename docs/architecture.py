@@ -42,10 +42,13 @@ BOXES = {
     "ltc_async/executor": (1.7, 4.0, 9.5, 5.0, "#fff1c7", "executor/",
                            "arena (the set of devices) · device (per-device queue, locker, worker) · futures\n"
                            "compiler (post-order, key, cache, compile on the compiler thread) · generic (shape-generic)\n"
+                           "tiers (hot graphs rebuilt by the top tier in the background, swapped in when ready)\n"
                            "graph_executor (cut, schedule, read) · steps (operations as generators of futures)"),
     "devices/torchscript": (5.0, 3.0, 7.15, 3.65, "#eadcf5", "devices/torchscript/",
                             "IR → TorchScript graph, CPU/CUDA"),
     "devices/reference": (7.35, 3.0, 9.5, 3.65, "#eadcf5", "devices/reference/", "the IR interpreter"),
+    "devices/inductor": (2.2, 3.0, 4.8, 3.65, "#eadcf5", "devices/inductor/",
+                         "top tier: IR → FX → Inductor\n(built in the background)"),
     "ltc_async/backend": (1.7, 2.25, 9.5, 2.7, "#e4e4e4", "backend/  the seam:",
                           "abstract Backend / Computation classes (plug-ins see only this and the IR)"),
     "ltc_async/ir": (1.1, 1.15, 9.5, 1.95, "#dde3ee", "ir/",
@@ -65,7 +68,7 @@ LAYERS = [("7 API", ["ltc_async"]), ("6 diagnostics", ["ltc_async/diagnostics"])
 STEPS = [
     (1, "user", "ltc_async/tensor", 1.55, -1, 0.5), (1, "ltc_async/tensor", "ltc_async/ir", 1.38, 1, 0.5),
     (2, "user", "ltc_async", 3.6, 1, 0.5), (2, "ltc_async", "ltc_async/executor", 4.45, -1, 0.17),
-    (3, "ltc_async/executor", "ltc_async/backend", 3.0, 1, 0.5),
+    (3, "ltc_async/executor", "ltc_async/backend", 1.95, 1, 0.5),
     (3, "ltc_async/backend", "devices/torchscript", 6.0, -1, 0.5),
     (4, "ltc_async/executor", "devices/torchscript", 6.6, 1, 0.5),
     (5, "user", "ltc_async/tensor", 2.3, 1, 0.5), (5, "ltc_async/tensor", "ltc_async/executor", 2.9, 1, 0.5),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
@@ -14,8 +15,9 @@ from .base.config import config
 from .diagnostics import recompiles as _recompiles
 from .diagnostics.recompiles import RecompileWarning
 from .diagnostics.timeline import Span, Timeline, timeline
-from .executor import arena
+from .executor import arena as _arena
 from .executor import graph_executor as gx
+from .executor import tiers as _tiers
 from .ir.node import (
     DEVICE_DATA,
     NUM,
@@ -33,6 +35,20 @@ from .tensor.lazy_tensor import unwrap
 
 __all__ = ["dump_ir", "graph_hash", "explain_recompiles", "recompile_log", "timeline", "Timeline",
            "Span", "RecompileWarning"]
+
+
+def wait_compiles(timeout: float | None = None) -> bool:
+    """Block until every background (top-tier) compile queued so far has finished, for
+    benchmarks and tests; False on timeout (`executor/tiers.py`).  Executions still queued on
+    the devices run first (they are what queues builds)."""
+    end = None if timeout is None else time.monotonic() + timeout
+
+    def left() -> float | None:
+        return None if end is None else max(0.0, end - time.monotonic())
+    for ctx in _arena.started():   # errors stay for the next barrier
+        if not ctx.wait(left()):
+            return False
+    return _tiers.wait_compiles(left())
 
 
 def explain_recompiles(enabled: bool = True) -> None:
@@ -136,8 +152,6 @@ def _stable(x: object) -> object:
         return x.__name__
     return x
 
-
-del arena
 
 
 # -- torch._lazy's debugging switches: forcing the eager fallback, saving every cut graph ----

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("ltc_async.base",)),
     ("IR", ("ltc_async.ir",)),
     ("backend seam", ("ltc_async.backend",)),
+    ("compilers backends share", ("devices.inductor",)),   # the Inductor tier (issue 19)
     ("backends", ("devices",)),
     ("executor", ("ltc_async.executor",)),
     ("per-op path", ("ltc_async.tensor",)),

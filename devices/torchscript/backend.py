@@ -15,6 +15,7 @@ import torch
 from ltc_async.backend import Backend, Computation
 from ltc_async.ir.node import NUM, SCALAR, TENSOR_LIST, Node, Tag
 
+from .. import inductor
 from .lowering import IN_GENERATOR, TSLowering, _graph_op_name
 
 _lower_ok: dict[tuple, bool] = {}
@@ -130,6 +131,19 @@ class TorchScriptBackend(Backend):
             while len(_programs) > _MAX_PROGRAMS:
                 _programs.popitem(last=False)
         return comp
+
+    #: TorchScript first (quick to compile), then Inductor in the background (issue 19)
+    tiers = ("ts", "inductor")
+
+    def tier_refuses(self, tier: str, order: list[Node], device: torch.device) -> str | None:
+        if tier != "inductor":
+            return f"no tier {tier!r}"
+        return inductor.available(device.type) or inductor.eligible(order)
+
+    def compile_tier(self, tier: str, graph: Any, device: torch.device, inputs: Sequence[Any]) -> Computation:
+        if tier != "inductor":
+            raise NotImplementedError(tier)
+        return inductor.build(graph, device, inputs)
 
     def can_lower(self, node: Node) -> bool:
         key = (node.op, tuple(_kind(e) for e in node.template))

@@ -30,6 +30,11 @@ class Computation(ABC):
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         """Run with `inputs` in graph-input order; return one value per graph output."""
 
+    def accepts(self, inputs: Sequence[Any]) -> bool:
+        """Whether this program computes the graph for these inputs (a top-tier program built
+        with the graph's runtime scalars baked in takes only those values)."""
+        return True
+
 
 class Backend(ABC):
     """A family of backend devices (one instance per process)."""
@@ -73,6 +78,22 @@ class Backend(ABC):
         instead of baking them in, as (node index in `order`, template index, index in an
         `int[]` or None), sorted: one program then serves graphs that differ only in them.
         """
+
+    #: the compilers of this backend's tiers, quick first (`compile` is the first; see
+    #: `executor/tiers.py`); a backend with one tier has nothing to build in the background
+    tiers: tuple[str, ...] = ("quick",)
+
+    def tier_refuses(self, tier: str, order: list[Node], device: torch.device) -> str | None:
+        """Why `tier` will not build this graph for `device` (None: it will).  Called once per
+        newly compiled graph, on the compiler thread."""
+        return f"no tier {tier!r}"
+
+    def compile_tier(self, tier: str, graph: Interpreter, device: torch.device,
+                     inputs: Sequence[Any]) -> Computation:
+        """Build the graph's program on `tier`, on the background tier-up thread.  `graph`
+        replays the graph's structure; `inputs` are one execution's inputs in graph-input
+        order, tensors given by their `TensorMeta` (layout only)."""
+        raise NotImplementedError(tier)
 
     def can_lower(self, node: Node) -> bool:
         """Whether `node` (trace time, before its inputs exist) can be compiled; False sends

@@ -48,6 +48,14 @@ class Config:
     #: append every cut graph's IR, with the user line that cut it, to this file ("": off;
     #: `ltc.debug.save_graphs`, torch._lazy's LTC_SAVE_TENSORS_FILE)
     save_graphs: str = field(default_factory=lambda: os.environ.get("LTC_ASYNC_SAVE_GRAPHS", ""))
+    #: compilers a graph moves through, quick first (`LTC_ASYNC_TIERS`: "ts,inductor", the
+    #: default, where the backend can build Inductor kernels here; "ts": no tiering); names a
+    #: backend does not have are ignored (see `executor/tiers.py`)
+    tiers: tuple = field(default_factory=lambda: tuple(
+        t.strip() for t in (os.environ.get("LTC_ASYNC_TIERS") or "ts,inductor").split(",") if t.strip()))
+    #: executions in a row with the same runtime scalars after which a graph's top tier is
+    #: built in the background (`LTC_ASYNC_TIER_UP_AFTER`)
+    tier_up_after: int = field(default_factory=lambda: max(1, _env_int("LTC_ASYNC_TIER_UP_AFTER", 10)))
     #: schema names ("aten::sub.Tensor") of ops forced onto the eager fallback
     #: (`ltc.debug.force_fallback`; no environment variable)
     force_fallback: frozenset = field(default_factory=frozenset)

@@ -95,6 +95,8 @@ scheduled = Event("scheduled", "a schedule (mark_step, sync, read) returned; no 
                   "thread, no lock; handlers may return futures to wait for (`waits`)")
 prepare_job = Event("prepare_job", "wrap: a graph's prepare job before it goes to the compiler "
                     "thread; args (job, ctx, label, future); user thread, device lock held")
+tier_up_job = Event("tier_up_job", "wrap: a background top-tier build before it goes to the "
+                    "tier-up thread; args (job, ctx, label, tier); device worker, no lock")
 looked_up = Event("looked_up", "a graph key was looked up in the computation cache; args (ctx, "
                   "plan, label, hit); compiler thread")
 execution_job = Event("execution_job", "wrap: an execution's closure before it goes to the "

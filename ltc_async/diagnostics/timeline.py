@@ -119,6 +119,23 @@ def _wrap_prepare(job: Callable[[], Any], ctx: Any, label: str, _fut: Any) -> Ca
     return compile_job(job, ctx, label) if _open or _profiling() else job
 
 
+@events.tier_up_job.subscribe
+def _wrap_tier_up(job: Callable[[], Any], ctx: Any, label: str, tier: str) -> Callable[[], Any]:
+    """A background top-tier build, as a "compile" span in the "tier-up" lane."""
+    if not _open:
+        return job
+    device = str(ctx.device)
+
+    def run() -> Any:
+        t0 = _now()
+        try:
+            return job()
+        finally:
+            _emit("compile", device, t0, _now(), "tier-up", _steps.get(device, 0),
+                  {"label": label, "tier": tier, "background": True})
+    return run
+
+
 @events.execution_job.subscribe
 def _wrap_execution(fn: Callable[[Any], Any], ex: Any) -> Callable[[Any], Any]:
     return execution_job(fn, ex) if _open or _profiling() else fn

@@ -34,7 +34,7 @@ from ..base.config import config
 from ..ir.interpreter import Interpreter
 from ..ir.lint import lint
 from ..ir.node import DEVICE_DATA, Node, post_order
-from . import generic
+from . import generic, tiers
 from .futures import Worker
 
 
@@ -151,6 +151,7 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
             comp, ok = _compile(ctx, plan, label, request.lifted if request else [])
             if request is not None:
                 comp = request.finish(comp, ok)
+        comp = tiers.wrap(ctx, plan, comp, label)   # built on a better tier once hot
         cache.put(key, comp)
     plan.comp = comp
     return plan

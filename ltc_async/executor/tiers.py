@@ -1,0 +1,175 @@
+"""Tiered compilation: graphs start on the quick tier and move to a better one built in the
+background once hot (issue 19; `LTC_ASYNC_TIERS`, `LTC_ASYNC_TIER_UP_AFTER`).
+
+Design note.  The quick tier (the backend's `compile`: TorchScript) has a graph running within
+milliseconds of its first cut; the top tier (`Backend.compile_tier`: Inductor) runs it faster
+but takes seconds to build.  Every program the compiler thread puts in the computation cache
+is a `Tiered` wrapper around the quick program:
+
+* `Tiered.execute` (device worker) counts the executions whose non-tensor inputs (the graph's
+  runtime scalars, which the top tier bakes in) equal the previous execution's.  At
+  `config.tier_up_after` such executions in a row it queues ONE background build (state
+  `_QUEUED`): a graph that is not run again (the last smaller batch, one length of a growing
+  KV cache) never reaches the threshold, and one whose scalars change every step (an Adam
+  step's bias corrections) is not built for values that will not come back;
+* the build runs on the tier-up thread (`worker`), never on a tracing thread, a device worker
+  or inside `mark_step`; it sees the graph's structure (an `Interpreter`, no node objects, so
+  no device data is kept alive) and the layouts of the inputs, not their values;
+* when it is ready, `_top` is set (one attribute store); the next execution whose scalars it
+  accepts runs it.  Nothing ever waits for a build (`ltc.debug.wait_compiles` does, on
+  request).  A build that fails, or a top-tier program that raises, leaves the graph on the
+  quick tier for good: `TierUpFailed`, one warning naming the graph.
+
+Counters `TierUpCompile` (builds finished), `TierUpFailed`, `TierUpRun` (executions on the top
+tier); metric `TierUpTime` (build seconds).  At exit, queued builds are cancelled and a running
+one is waited for (a compiler cannot be interrupted; the interpreter must not finalize under it).
+
+Threads: `_state`, `_streak`, `_last` are touched only by the graph's device worker (a cache
+entry belongs to one device); `_top` is written once by the tier-up thread and read by the
+worker (an attribute load).  `_builds` (futures of queued builds) is guarded by `_lock`.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+import warnings
+from typing import Any, Sequence
+
+import torch
+
+from ..backend import Computation
+from ..base import counters, events
+from ..base.config import config
+from ..ir.interpreter import Interpreter
+from ..ir.node import TensorMeta
+from .futures import Worker
+
+_IDLE, _QUEUED, _READY, _FAILED = "idle", "queued", "ready", "failed"
+
+worker = Worker("ltc-tier-up")
+_builds: list[cf.Future] = []
+_lock = threading.Lock()
+
+
+def top_tier(ctx: Any) -> str | None:
+    """The tier this device's graphs move to, or None (tiering off, or nothing above quick)."""
+    tiers = [t for t in config.tiers if t in ctx.backend.tiers]
+    return tiers[1] if len(tiers) > 1 and tiers[0] == ctx.backend.tiers[0] else None
+
+
+def wrap(ctx: Any, plan: Any, comp: Computation, label: str) -> Computation:
+    """`comp` (a freshly compiled quick-tier program for `plan`) as a tiered one, or unchanged
+    when there is no top tier for this device or the backend will not build this graph."""
+    tier = top_tier(ctx)
+    if tier is None or type(comp) is Tiered:
+        return comp
+    if ctx.backend.tier_refuses(tier, plan.order, ctx.backend_device) is not None:
+        return comp
+    return Tiered(comp, ctx, Interpreter(plan.order, plan.roots, ctx.backend_device), tier, label)
+
+
+class Tiered(Computation):
+    """A graph's quick program, and its top-tier program once built (see the module note)."""
+
+    def __init__(self, quick: Computation, ctx: Any, interp: Interpreter, tier: str, label: str) -> None:
+        self.quick = quick
+        self.backend_text = quick.backend_text
+        self.reused_program = quick.reused_program
+        self._ctx = ctx
+        self._interp = interp
+        self._tier = tier
+        self._label = label
+        self._state = _IDLE
+        self._streak = 0
+        self._last: tuple | None = None
+        self._top: Any = None
+
+    @property
+    def tier(self) -> str:
+        """The tier the next execution with the same scalars runs on."""
+        return self._tier if self._top is not None else "quick"
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        top = self._top
+        if top is not None and top.accepts(inputs):
+            try:
+                out = top.execute(inputs)
+            except Exception as e:  # noqa: BLE001 - the quick tier still computes the step
+                self._fail(e)
+            else:
+                counters.counter("TierUpRun")
+                return out
+        elif self._state is _IDLE:
+            self._count(inputs)
+        return self.quick.execute(inputs)
+
+    def _count(self, inputs: Sequence[Any]) -> None:
+        scalars = tuple([(type(v), v) for v in inputs if not isinstance(v, torch.Tensor)])
+        if scalars == self._last:
+            self._streak += 1
+        else:
+            self._last, self._streak = scalars, 1
+        if self._streak >= config.tier_up_after:
+            self._state = _QUEUED
+            layout = [TensorMeta(tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor)
+                      else v for v in inputs]
+            job = lambda: self._build(layout)
+            if events.tier_up_job.on:   # the timeline: background builds as spans
+                job = events.tier_up_job.wrap(job, self._ctx, self._label, self._tier)
+            fut = worker.submit(job, cf.Future())
+            with _lock:
+                _builds[:] = [f for f in _builds if not f.done()]
+                _builds.append(fut)
+
+    def _build(self, layout: list) -> None:
+        if _exiting:
+            return
+        t0 = time.perf_counter()
+        try:
+            top = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout)
+        except Exception as e:  # noqa: BLE001 - the graph stays on the quick tier
+            if _exiting or "after shutdown" in str(e):   # the interpreter is exiting: no failure
+                return
+            self._fail(e)
+            return
+        finally:
+            counters.add_sample("TierUpTime", time.perf_counter() - t0)
+        self._interp = None     # structure no longer needed
+        counters.counter("TierUpCompile")
+        self._state = _READY
+        self._top = top
+
+    def _fail(self, e: BaseException) -> None:
+        self._top = None
+        self._state = _FAILED
+        self._interp = None
+        counters.counter("TierUpFailed")
+        warnings.warn(f"ltc_async: the {self._tier} tier could not take the graph scheduled at "
+                      f"{self._label} ({type(e).__name__}: {str(e)[:300]}); it stays on the quick "
+                      "tier", RuntimeWarning, stacklevel=1)
+
+
+def wait_compiles(timeout: float | None = None) -> bool:
+    """Block until every background build queued so far has finished; False on timeout."""
+    with _lock:
+        builds = list(_builds)
+    done, not_done = cf.wait(builds, timeout=timeout)
+    return not not_done
+
+
+_exiting = False
+
+
+def _exit() -> None:
+    """At exit, before device workers stop: builds not started yet are skipped."""
+    global _exiting
+    _exiting = True
+
+
+def _stop() -> None:
+    worker.stop(timeout=None, cancel_queued=True)
+
+
+events.exit_drain.subscribe(_exit)
+events.exit_stop.subscribe(_stop)
