@@ -8,6 +8,10 @@ import time
 
 # Two virtual CPU devices unless the caller chose: multi-device behaviour is tested in-process.
 os.environ.setdefault("LTC_ASYNC_DEVICES", "cpu,cpu")
+# The suite checks quick-tier (TorchScript) semantics with tiering off, unless the caller chose:
+# background Inductor builds of every hot graph would compete for the CI machine's two cores
+# and make results depend on build timing.  `tests/test_tiers.py` turns tiering on (per test).
+os.environ.setdefault("LTC_ASYNC_TIERS", "ts")
 
 import pytest
 import torch

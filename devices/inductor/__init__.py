@@ -39,7 +39,7 @@ import torch
 
 from ltc_async.backend import Computation
 from ltc_async.ir.interpreter import Interpreter
-from ltc_async.ir.node import DEVICE_DATA, RNG, Node, TensorMeta, Tag
+from ltc_async.ir.node import DEVICE_DATA, RNG, Node, Tag, TensorMeta
 
 
 @functools.lru_cache(maxsize=None)
