@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # unpinned install would pull a multi-GB CUDA build.  The package itself accepts a range.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test bench conformance reliability fuzz clean
+.PHONY: setup demo test bench conformance conformance-inductor reliability fuzz clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,12 @@ conformance: setup
 		--op-list devices/torchscript/ops.yaml | tee conformance-ltc.txt
 	$(BIN)/python tests/opdb_conformance.py --backend torch_lazy --json conformance-torch_lazy.jsonl \
 		| tee conformance-torch_lazy.txt
+
+# The same op_db run with every graph compiled by Inductor (the top tier alone, synchronously:
+# LTC_ASYNC_TIERS=inductor; hours here: every sample's graph is an Inductor build).
+conformance-inductor: setup
+	LTC_ASYNC_TIERS=inductor $(BIN)/python tests/opdb_conformance.py --backend ltc --op-timeout 900 --max-samples 2 \
+		--json conformance-inductor.jsonl | tee conformance-inductor.txt
 
 # Differential fuzzing against eager PyTorch at length (tests/test_fuzz.py; CI runs a bounded
 # profile): LTC_FUZZ_EXAMPLES programs per test, failures saved to tests/fuzz/.hypothesis.

@@ -2,8 +2,9 @@
 
 Users' programs, eager as the reference: a training loop and an inference loop keep their values
 (within float tolerance: Inductor fuses and rounds differently) while their graphs move to the
-top tier; no step waits for a build; graphs that will not be run again, graphs whose runtime
-scalars change every step and graphs drawing random numbers are not built; a build that fails
+top tier; no step waits for a build; graphs that will not be run again, graphs whose baked
+scalars change every step and graphs drawing random numbers are not built (an optimizer's
+changing floats are lifted to inputs: AdamW moves up); a build that fails
 leaves the graph on TorchScript with one warning; `LTC_ASYNC_TIERS=ts` turns tiering off.
 
 The rest of the suite runs with tiering off (`conftest.py`: quick-tier semantics, no background
@@ -19,10 +20,10 @@ import warnings
 
 import pytest
 import torch
+from ltc_async_devices import inductor
 
 import ltc_async as ltc
 from ltc_async.base.config import config
-from ltc_async_devices import inductor
 
 DEV = "ltc:0"
 pytestmark = pytest.mark.skipif(inductor.available("cpu") is not None,
@@ -117,16 +118,40 @@ def test_graphs_run_once_or_with_changing_scalars_are_not_built():
     ltc.metrics.reset()
     for n in range(2, 12):          # a new batch size every step: no graph runs twice
         (m(torch.randn(n, 32, generator=g).to(DEV)) * 1).sum().cpu()
-    # Adam's bias corrections are runtime scalars that change every step
-    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    # a clamp bound that changes every step: a scalar the top tier would bake in
     xs = torch.randn(8, 32, generator=g).to(DEV)
-    for _ in range(6):
-        opt.zero_grad()
-        m(xs).pow(2).mean().backward()
-        opt.step()
-        ltc.mark_step()
+    for step in range(6):
+        m(xs).clamp(max=float(step)).sum().cpu()
     assert ltc.debug.wait_compiles(600)
     assert _counts()["TierUpCompile"] == 0
+
+
+def test_adamw_training_moves_to_inductor_although_its_scalars_change():
+    """Adam's bias corrections and step size change every step; the top tier takes them as
+    inputs (0-dim tensors), so the step is built once and keeps eager's values."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(7))
+
+    def train(dev):
+        m = copy.deepcopy(model).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        xs = x.to(dev)
+        for i in range(12):
+            opt.zero_grad()
+            m(xs).pow(2).mean().backward()
+            opt.step()
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 5:
+                    assert ltc.debug.wait_compiles(600)
+        return [p.detach().cpu() for p in m.parameters()]
+    want = train("cpu")
+    ltc.metrics.reset()
+    got = train(DEV)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    c = _counts()
+    assert c["TierUpCompile"] >= 1 and c["TierUpRun"] >= 5 and c["TierUpFailed"] == 0
 
 
 def test_graphs_drawing_random_numbers_stay_on_the_quick_tier():
@@ -161,6 +186,30 @@ def test_a_failing_build_leaves_the_graph_on_the_quick_tier(monkeypatch):
     mine = [w for w in seen if "could not take the graph" in str(w.message)]
     assert len(mine) == 1 and "test_tiers.py" in str(mine[0].message) and "injected" in str(mine[0].message)
     assert _counts() == {"TierUpCompile": 0, "TierUpFailed": 1, "TierUpRun": 0}
+
+
+def test_an_index_out_of_range_on_the_top_tier_raises_and_the_tier_stays():
+    """Bad input on a graph already on Inductor: the error eager gives (at the read), the graph
+    stays on the top tier (the inputs were at fault, not the build), the device stays usable."""
+    table = torch.randn(10, 4, generator=torch.Generator().manual_seed(8))
+    lazy = table.to(DEV)
+    ltc.metrics.reset()
+    for k in range(6):
+        idx = torch.tensor([1, 2, k])
+        torch.testing.assert_close((lazy[idx.to(DEV)] * 2).sum(0).cpu(), (table[idx] * 2).sum(0))
+        if k == 3:
+            assert ltc.debug.wait_compiles(600)
+    assert _counts()["TierUpRun"] >= 1
+    with pytest.raises((IndexError, RuntimeError, ltc.ComputationError, ltc.ExecutionError)):
+        (lazy[torch.tensor([1, 2, 30]).to(DEV)] * 2).sum(0).cpu()
+    try:
+        ltc.wait_device_ops()
+    except ltc.ExecutionError:
+        pass
+    runs = _counts()["TierUpRun"]
+    idx = torch.tensor([0, 9, 4])
+    torch.testing.assert_close((lazy[idx.to(DEV)] * 2).sum(0).cpu(), (table[idx] * 2).sum(0))
+    assert _counts()["TierUpFailed"] == 0 and _counts()["TierUpRun"] == runs + 1
 
 
 def test_tiering_off(monkeypatch):

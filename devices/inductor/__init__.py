@@ -12,11 +12,16 @@ How a graph becomes an Inductor program:
    with the graph inputs' shapes, strides and dtypes: an FX graph of exactly the aten ops the
    IR holds (captured `torch.compile` bodies included: they run through their own
    interpreter);
-2. the graph's runtime scalars (an optimizer's learning rate, a loss scale) are Python numbers,
-   which `make_fx` bakes into the FX graph as constants; the program therefore serves the
-   executions whose scalars equal those it was built with (`InductorProgram.accepts`), and the
-   executor only builds it for a graph whose scalars were the same over the runs that made it
-   hot;
+2. the graph's runtime scalars are Python numbers, which `make_fx` would bake into the FX graph
+   as constants.  Those that change from step to step in real programs are *lifted*: a float
+   in a Tensor slot of a floating-point op (`div.Tensor(x, bias_correction)`), the scalar of
+   `mul/div/add/sub.Scalar` and the `value` of `addcdiv` / `addcmul` (Adam's step size) become
+   0-dim float64 inputs of the program (`mul.Tensor(x, t)` computes what `mul.Scalar(x, s)`
+   does for floating `x`; `addcdiv(x, a, b, value=s)` becomes `x + t * a / b`).  The rest (an
+   int exponent, a clamp bound) are baked: the program serves the executions whose baked
+   scalars equal those it was built with (`InductorProgram.accepts`), and the executor only
+   builds it for a graph whose baked-to-be scalars (`specialization`) were the same over the
+   runs that made it hot;
 3. `torch._inductor.compile(gm, example_inputs)` builds it, in-process
    (`compile_threads=1`: no compiler worker processes to orphan at exit; C++ builds are
    `g++` subprocesses that end with their build).
@@ -39,7 +44,8 @@ import torch
 
 from ltc_async.backend import Computation
 from ltc_async.ir.interpreter import Interpreter
-from ltc_async.ir.node import DEVICE_DATA, RNG, Node, Tag, TensorMeta
+from ltc_async.ir.node import DEVICE_DATA, RNG, SCALAR, Node, Tag, TensorMeta
+from ltc_async.ir.schema import op_info
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,22 +84,122 @@ def eligible(order: list[Node]) -> str | None:
 class InductorProgram(Computation):
     """A graph's Inductor program; takes the graph's inputs in the quick tier's order."""
 
-    def __init__(self, fn: Any, tensor_slots: list[int], scalars: tuple, text: str) -> None:
+    def __init__(self, fn: Any, tensor_slots: list[int], lifted: list[int], baked: tuple, text: str) -> None:
         self.fn = fn
         self.tensor_slots = tensor_slots    # positions of the tensor inputs among all inputs
-        self.scalars = scalars              # the non-tensor inputs it was built with (baked)
+        self.lifted = lifted                # positions of scalars passed as 0-dim float64 tensors
+        self.baked = baked                  # (position, type, value) of scalars built in
         self.backend_text = text
 
     def accepts(self, inputs: Sequence[Any]) -> bool:
-        return scalars_of(inputs, self.tensor_slots) == self.scalars
+        for i, t, v in self.baked:
+            w = inputs[i]
+            if type(w) is not t or w != v:
+                return False
+        return True
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
-        return list(self.fn([inputs[i] for i in self.tensor_slots]))
+        args = [inputs[i] for i in self.tensor_slots]
+        args.extend(torch.tensor(inputs[i], dtype=torch.float64) for i in self.lifted)
+        return list(self.fn(*args))
 
 
-def scalars_of(inputs: Sequence[Any], tensor_slots: list[int]) -> tuple:
-    slots = set(tensor_slots)
-    return tuple((type(v), v) for i, v in enumerate(inputs) if i not in slots)
+# ops whose floating-point Scalar argument is lifted, as the Tensor overload that takes it
+_SCALAR_TO_TENSOR = {torch.ops.aten.mul.Scalar: torch.ops.aten.mul.Tensor,
+                     torch.ops.aten.div.Scalar: torch.ops.aten.div.Tensor,
+                     torch.ops.aten.add.Scalar: torch.ops.aten.add.Tensor,
+                     torch.ops.aten.sub.Scalar: torch.ops.aten.sub.Tensor}
+_ADDC = {torch.ops.aten.addcdiv.default: torch.ops.aten.div.Tensor,
+         torch.ops.aten.addcmul.default: torch.ops.aten.mul.Tensor}
+
+
+def _candidates(steps: list) -> set[int]:
+    """Positions, among a graph's scalars in input order (`Interpreter.steps`), of the floats
+    this tier may lift (see the module note; whether it does depends on dtypes, known when
+    tracing)."""
+    out, k = set(), 0
+    for op, template, _operands, n_scalars, _spec in steps:
+        if op is DEVICE_DATA or not n_scalars:
+            continue
+        schema = getattr(op, "_schema", None)
+        for pos, e in enumerate(template):
+            if type(e) is tuple and e and type(e[0]) is Tag and e[0] is SCALAR and len(e) > 2 and e[2] is float:
+                if schema is not None and (isinstance(schema.arguments[pos].type, torch._C.TensorType)
+                                           or op in _SCALAR_TO_TENSOR or op in _ADDC):
+                    out.add(k + e[1])
+        k += n_scalars
+    return out
+
+
+def specialization(graph: Interpreter) -> Any:
+    """A function of one execution's inputs giving what a program built from them is
+    specialized on: every non-tensor input but the liftable floats."""
+    candidates = _candidates(graph.steps)
+
+    def key(inputs: Sequence[Any]) -> tuple:
+        out, k = [], 0
+        for v in inputs:
+            if isinstance(v, torch.Tensor):
+                continue
+            if k not in candidates:
+                out.append((type(v), v))
+            k += 1
+        return tuple(out)
+    return key
+
+
+class _Lift:
+    """A liftable scalar while tracing: its 0-dim tensor and its value."""
+
+    __slots__ = ("tensor", "value", "position", "used")
+
+    def __init__(self, tensor: torch.Tensor, value: float, position: int) -> None:
+        self.tensor, self.value, self.position, self.used = tensor, value, position, False
+
+
+class _LiftingInterpreter(Interpreter):
+    """The interpreter, tracing lifted scalars as tensors where the op allows (module note)."""
+
+    def _run_step(self, step: tuple, env: list[list[Any]], it: Any) -> list[Any]:
+        op, template, operands, n_scalars, out_spec = step
+        if not n_scalars:
+            return super()._run_step(step, env, it)
+        scalars = [next(it) for _ in range(n_scalars)]
+        if not any(isinstance(v, _Lift) for v in scalars):
+            return super()._run_step(step, env, iter(scalars))
+        vals = [env[k][i] for k, i in operands]
+        floating = all(v.dtype.is_floating_point for v in vals if isinstance(v, torch.Tensor))
+        schema = op._schema
+        args = []
+        for pos, e in enumerate(template):
+            if type(e) is tuple and e and type(e[0]) is Tag and e[0] is SCALAR and isinstance(scalars[e[1]], _Lift):
+                lift = scalars[e[1]]
+                tensor_slot = isinstance(schema.arguments[pos].type, torch._C.TensorType)
+                if floating and (tensor_slot or op in _SCALAR_TO_TENSOR or op in _ADDC):
+                    lift.used = True
+                    args.append(lift)
+                else:
+                    args.append(lift.value)
+            else:
+                args.append(self._arg(e, vals, [v.value if isinstance(v, _Lift) else v for v in scalars]))
+        pos_args, kw_args = self._split(op, args)
+        if op in _ADDC and isinstance(kw_args.get("value"), _Lift):
+            x, a, b = pos_args
+            out = torch.ops.aten.add.Tensor(x, torch.ops.aten.mul.Tensor(kw_args["value"].tensor, _ADDC[op](a, b))
+                                            if op is torch.ops.aten.addcdiv.default
+                                            else _ADDC[op](torch.ops.aten.mul.Tensor(kw_args["value"].tensor, a), b))
+        else:
+            if op in _SCALAR_TO_TENSOR and any(isinstance(a, _Lift) for a in pos_args):
+                op = _SCALAR_TO_TENSOR[op]
+            pos_args = [a.tensor if isinstance(a, _Lift) else a for a in pos_args]
+            kw_args = {k: (a.tensor if isinstance(a, _Lift) else a) for k, a in kw_args.items()}
+            out = op(*pos_args, **kw_args)
+        return [out]
+
+    @staticmethod
+    def _split(op: Any, args: list) -> tuple[list, dict]:
+        pos, kw = op_info(op).split(args)
+        return list(pos), dict(kw)
 
 
 def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any]) -> InductorProgram:
@@ -102,22 +208,53 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any]) -> I
     from torch._inductor import config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    lifting = _LiftingInterpreter.__new__(_LiftingInterpreter)
+    lifting.__dict__.update(interp.__dict__)
     slots = [i for i, v in enumerate(inputs) if isinstance(v, (torch.Tensor, TensorMeta))]
-    scalars = scalars_of(inputs, slots)
-    values = list(inputs)
+    candidates = _candidates(interp.steps)
+    scalar_slots = [i for i, v in enumerate(inputs) if not isinstance(v, (torch.Tensor, TensorMeta))]
+    lift_slots = [i for k, i in enumerate(scalar_slots) if k in candidates]
+    lifts: list[_Lift] = []
 
-    def graph(*tensors: torch.Tensor) -> list[torch.Tensor]:
-        vals = list(values)
-        for i, t in zip(slots, tensors):
+    def graph(*args: torch.Tensor) -> list[torch.Tensor]:
+        vals = list(inputs)
+        for i, t in zip(slots, args):
             vals[i] = t
-        return interp.execute(vals)
+        lifts.clear()
+        for i, t in zip(lift_slots, args[len(slots):]):
+            lifts.append(_Lift(t, float(inputs[i]), i))
+            vals[i] = lifts[-1]
+        return lifting.execute(vals)
 
-    examples = [_example(inputs[i], device) for i in slots]
+    examples = [_example(inputs[i], device) for i in slots] + \
+        [torch.tensor(float(inputs[i]), dtype=torch.float64) for i in lift_slots]
     with torch.no_grad():
         gm = make_fx(graph, tracing_mode="fake")(*examples)
+        used = {lift.position for lift in lifts if lift.used}
+        if len(used) < len(lift_slots):    # lifted inputs the trace did not use: drop them
+            keep = [k for k, i in enumerate(lift_slots) if i in used]
+            gm = make_fx(_dropping(graph, len(slots), lift_slots, keep), tracing_mode="fake")(
+                *(examples[:len(slots)] + [examples[len(slots) + k] for k in keep]))
+            lift_slots = [lift_slots[k] for k in keep]
+            lifts_used = set(lift_slots)
+        else:
+            lifts_used = used
+        examples = examples[:len(slots)] + [torch.tensor(float(inputs[i]), dtype=torch.float64) for i in lift_slots]
         with inductor_config.patch(compile_threads=1):
             fn = torch._inductor.compile(gm, examples)
-    return InductorProgram(_boxed(fn), slots, scalars, gm.code)
+    baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
+    return InductorProgram(fn, slots, lift_slots, baked, gm.code)
+
+
+def _dropping(graph: Any, n_tensors: int, lift_slots: list[int], keep: list[int]) -> Any:
+    """`graph` taking only the kept lifted scalars (the others are passed as their values)."""
+    def inner(*args: torch.Tensor) -> Any:
+        full = list(args[:n_tensors])
+        kept = dict(zip(keep, args[n_tensors:]))
+        for k in range(len(lift_slots)):
+            full.append(kept[k] if k in kept else None)
+        return graph(*full)
+    return inner
 
 
 def _example(v: Any, device: torch.device) -> torch.Tensor:
@@ -125,8 +262,3 @@ def _example(v: Any, device: torch.device) -> torch.Tensor:
         return v
     m: TensorMeta = v
     return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=device)
-
-
-def _boxed(fn: Any) -> Any:
-    """Inductor's callable takes positional tensors; the program calls it with a list."""
-    return lambda tensors: fn(*tensors)

@@ -140,6 +140,9 @@ class TorchScriptBackend(Backend):
             return f"no tier {tier!r}"
         return inductor.available(device.type) or inductor.eligible(order)
 
+    def tier_specialization(self, tier: str, graph: Any) -> Any:
+        return inductor.specialization(graph)
+
     def compile_tier(self, tier: str, graph: Any, device: torch.device, inputs: Sequence[Any]) -> Computation:
         if tier != "inductor":
             raise NotImplementedError(tier)

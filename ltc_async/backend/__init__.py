@@ -88,6 +88,13 @@ class Backend(ABC):
         newly compiled graph, on the compiler thread."""
         return f"no tier {tier!r}"
 
+    def tier_specialization(self, tier: str, graph: Interpreter) -> Any:
+        """A function of one execution's inputs giving what a `tier` program built from them is
+        specialized on (default: every non-tensor input, i.e. runtime scalars are baked in).
+        The executor builds only for a graph whose specialization held over the runs that made
+        it hot."""
+        return lambda inputs: tuple([(type(v), v) for v in inputs if not isinstance(v, torch.Tensor)])
+
     def compile_tier(self, tier: str, graph: Interpreter, device: torch.device,
                      inputs: Sequence[Any]) -> Computation:
         """Build the graph's program on `tier`, on the background tier-up thread.  `graph`

@@ -143,7 +143,8 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
     if comp is not None:
         counters.counter("CachedCompile")
     else:
-        comp, request = generic.lookup(device_key, plan) if ctx.backend.lifts_ints else (None, None)
+        comp, request = generic.lookup(device_key, plan) \
+            if ctx.backend.lifts_ints and tiers.only_tier(ctx) is None else (None, None)
         if comp is not None:   # a generic program of this graph's skeleton: no compile
             counters.counter("CachedCompile")
         else:
@@ -164,11 +165,16 @@ def _compile(ctx: Any, plan: GraphPlan, label: str,
     t0 = time.perf_counter()
     ok = True
     try:
+        only = tiers.only_tier(ctx)
         try:
-            comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device, lifted=lifted) \
-                if lifted else ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
+            if only is not None:      # LTC_ASYNC_TIERS names one top tier: compile with it now
+                ok = False
+                comp = tiers.compile_only(ctx, plan, only)
+            else:
+                comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device, lifted=lifted) \
+                    if lifted else ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)
         except Exception:  # noqa: BLE001 - an op that needs its int constant: compile exactly
-            if not lifted:
+            if not lifted or only is not None:
                 raise
             ok = False
             comp = ctx.backend.compile(plan.order, plan.roots, ctx.backend_device)

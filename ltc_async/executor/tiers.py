@@ -6,8 +6,9 @@ milliseconds of its first cut; the top tier (`Backend.compile_tier`: Inductor) r
 but takes seconds to build.  Every program the compiler thread puts in the computation cache
 is a `Tiered` wrapper around the quick program:
 
-* `Tiered.execute` (device worker) counts the executions whose non-tensor inputs (the graph's
-  runtime scalars, which the top tier bakes in) equal the previous execution's.  At
+* `Tiered.execute` (device worker) counts the executions whose specialization (the runtime
+  scalars the top tier would bake in: `Backend.tier_specialization`; Inductor lifts an
+  optimizer's changing floats to inputs instead) equals the previous execution's.  At
   `config.tier_up_after` such executions in a row it queues ONE background build (state
   `_QUEUED`): a graph that is not run again (the last smaller batch, one length of a growing
   KV cache) never reaches the threshold, and one whose scalars change every step (an Adam
@@ -43,13 +44,49 @@ from ..base import counters, events
 from ..base.config import config
 from ..ir.interpreter import Interpreter
 from ..ir.node import TensorMeta
-from .futures import Worker
+from .futures import BackendData, Worker
 
 _IDLE, _QUEUED, _READY, _FAILED = "idle", "queued", "ready", "failed"
 
 worker = Worker("ltc-tier-up")
 _builds: list[cf.Future] = []
 _lock = threading.Lock()
+
+
+def only_tier(ctx: Any) -> str | None:
+    """The one tier every graph is compiled by, synchronously, when `LTC_ASYNC_TIERS` names a
+    backend's top tier alone (`LTC_ASYNC_TIERS=inductor`: the Inductor-only conformance run)."""
+    tiers = config.tiers
+    if len(tiers) == 1 and tiers[0] in ctx.backend.tiers[1:]:
+        return tiers[0]
+    return None
+
+
+def compile_only(ctx: Any, plan: Any, tier: str) -> Computation:
+    """`plan` compiled by `tier` now (compiler thread); see `SingleTier`."""
+    interp = Interpreter(plan.order, plan.roots, ctx.backend_device)
+    layout = [x.meta if type(x) is BackendData else x for x in plan.inputs]
+    return SingleTier(ctx, interp, tier, ctx.backend.compile_tier(tier, interp, ctx.backend_device, layout))
+
+
+class SingleTier(Computation):
+    """A graph compiled by one tier only.  A program that does not accept an execution's
+    scalars (they were baked in) is joined by one built for them, synchronously."""
+
+    def __init__(self, ctx: Any, interp: Interpreter, tier: str, first: Computation) -> None:
+        self._ctx, self._interp, self._tier = ctx, interp, tier
+        self._programs = [first]
+        self.backend_text = first.backend_text
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        for p in self._programs:
+            if p.accepts(inputs):
+                return p.execute(inputs)
+        layout = [TensorMeta(tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor)
+                  else v for v in inputs]
+        p = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout)
+        self._programs.append(p)
+        return p.execute(inputs)
 
 
 def top_tier(ctx: Any) -> str | None:
@@ -78,6 +115,7 @@ class Tiered(Computation):
         self.reused_program = quick.reused_program
         self._ctx = ctx
         self._interp = interp
+        self._key = ctx.backend.tier_specialization(tier, interp)
         self._tier = tier
         self._label = label
         self._state = _IDLE
@@ -96,16 +134,17 @@ class Tiered(Computation):
             try:
                 out = top.execute(inputs)
             except Exception as e:  # noqa: BLE001 - the quick tier still computes the step
-                self._fail(e)
-            else:
-                counters.counter("TierUpRun")
+                out = self.quick.execute(inputs)    # raising too: the inputs' fault (an index
+                self._fail(e)                        # out of range), the top tier stays
                 return out
+            counters.counter("TierUpRun")
+            return out
         elif self._state is _IDLE:
             self._count(inputs)
         return self.quick.execute(inputs)
 
     def _count(self, inputs: Sequence[Any]) -> None:
-        scalars = tuple([(type(v), v) for v in inputs if not isinstance(v, torch.Tensor)])
+        scalars = self._key(inputs)   # what a program built now would be specialized on
         if scalars == self._last:
             self._streak += 1
         else:

@@ -36,6 +36,7 @@ from . import (
     autocast,
     collectives,
     fast_paths,
+    fx_tracing,
     inplace,
     meta_kernels,
     modules,
@@ -336,4 +337,5 @@ def register() -> None:
     seam.register()                # host tensors written from ltc ones: cpu.copy_(ltc), ...
     meta_kernels.register()        # shapes of ops PyTorch has no meta kernel for (_ctc_loss_backward)
     fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
+    fx_tracing.patch()             # FX tracing on the tier-up thread leaves torch.compile alone elsewhere
     _registered = True

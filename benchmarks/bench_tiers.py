@@ -1,0 +1,146 @@
+"""Tiered compilation (issue 19): start like eager, run like Inductor.
+
+    python -m benchmarks.bench_tiers [--only gpt2,bert] [--engines eager,inductor,ltc,ltc-tiered,...]
+                                     [--steps 30] [--rounds 3] [--batch 8] [--seq 64]
+
+Every engine runs in a FRESH PROCESS per case (start-up is part of what is measured), twice:
+with an empty Inductor cache directory (`cold`) and again with the cache the first run left
+(`warm`).  A process trains a tiny GPT-2 / BERT (transformers, AdamW, batch x seq tokens) and
+reports: the time to its first step (from before building the model to the first loss on the
+host: Dynamo, AOTAutograd, Inductor or ltc tracing and TorchScript, whatever the engine does),
+for tiered engines the time until its hot graphs are on the top tier (`tier-up`, from process
+start; `ltc.debug.wait_compiles`), then steady ms/step with the loss read every step and every
+30 steps (median of `rounds` rounds of `steps` steps, after a warm-up).
+
+Engines: `eager`; `inductor` (`torch.compile(model)`, optimizer uncompiled); `ltc` (lazy tracing,
+TorchScript only: `LTC_ASYNC_TIERS=ts`); `ltc-tiered` (lazy tracing, TorchScript then Inductor
+in the background); `ltc+compile` / `ltc+compile-tiered` (`torch.compile(model, backend="ltc")`
+and the optimizer step compiled the same way, without / with tiers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+T_START = time.perf_counter()
+
+ENGINES = {   # name -> (bench_compile engine, LTC_ASYNC_TIERS)
+    "eager": ("eager", "ts"), "inductor": ("inductor", "ts"), "ltc": ("ltc", "ts"),
+    "ltc-tiered": ("ltc", "ts,inductor"), "ltc+compile": ("ltc+compile", "ts"),
+    "ltc+compile-tiered": ("ltc+compile", "ts,inductor"),
+}
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    import ltc_async as ltc
+    from benchmarks import bench_compile as bc
+    engine, _tiers = ENGINES[args.engine]
+    build, _batch, loss_fn, make_opt = bc.CASES[args.case]()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (args.batch, args.seq), generator=g)
+    batch = {"input_ids": ids,
+             "labels": ids if args.case == "gpt2" else torch.randint(0, 3, (args.batch,), generator=g)}
+    t0 = time.perf_counter()
+    step, wait = bc.make(engine, (build, lambda: batch, loss_fn, make_opt))
+    first = float(step().detach().cpu())
+    first_s = time.perf_counter() - t0
+    for _ in range(args.warmup):
+        step()
+    wait()
+    tier_up_s = None
+    if args.engine.endswith("tiered"):
+        ltc.debug.wait_compiles()
+        tier_up_s = time.perf_counter() - T_START
+        for _ in range(3):
+            step()
+        wait()
+
+    def timed(read_every: int) -> float:
+        samples = []
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            for k in range(args.steps):
+                loss = step()
+                if (k + 1) % read_every == 0:
+                    float(loss.detach().cpu())
+            wait()
+            samples.append((time.perf_counter() - t) / args.steps * 1e3)
+        return statistics.median(samples)
+    every_step = timed(1)
+    every_30 = timed(30)
+    counters = {k: ltc.metrics.counter_value(k) for k in ("TierUpCompile", "TierUpFailed", "TierUpRun")}
+    print(json.dumps({"first_step_s": first_s, "first_loss": first, "tier_up_s": tier_up_s,
+                      "ms_every_step": every_step, "ms_every_30": every_30, "counters": counters}))
+
+
+def run_child(engine: str, case: str, cache: str, args: argparse.Namespace) -> dict:
+    env = dict(os.environ, LTC_ASYNC_TIERS=ENGINES[engine][1], TORCHINDUCTOR_CACHE_DIR=cache,
+               LTC_ASYNC_CPU_THREADS=str(args.threads))
+    cmd = [sys.executable, "-m", "benchmarks.bench_tiers", "--child", "--engine", engine, "--case", case,
+           "--steps", str(args.steps), "--rounds", str(args.rounds), "--batch", str(args.batch),
+           "--seq", str(args.seq), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        print(r.stderr[-3000:], file=sys.stderr)
+        return {}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--engine", default="eager")
+    p.add_argument("--case", default="gpt2")
+    p.add_argument("--only", default="gpt2,bert")
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (eager and the ltc worker)")
+    args = p.parse_args()
+    if args.child:
+        import torch
+        torch.set_num_threads(args.threads)
+        child(args)
+        return 0
+    rows = []
+    for case in args.only.split(","):
+        res = {}
+        for engine in args.engines.split(","):
+            with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache:
+                cold = run_child(engine, case, cache, args)
+                warm = run_child(engine, case, cache, args)
+            res[engine] = (cold, warm)
+            print(f"[{case}] {engine}: cold {cold} warm {warm}", file=sys.stderr, flush=True)
+        ref_e = res.get("eager", ({}, {}))[1]
+        ref_i = res.get("inductor", ({}, {}))[1]
+        for engine, (cold, warm) in res.items():
+            def ratio(key: str, ref: dict) -> str:
+                return f"{warm[key] / ref[key]:.2f}x" if warm and ref and ref.get(key) else "-"
+            rows.append("| " + " | ".join([
+                case, engine,
+                f"{cold.get('first_step_s', float('nan')):.1f}", f"{warm.get('first_step_s', float('nan')):.1f}",
+                "-" if not cold.get("tier_up_s") else f"{cold['tier_up_s']:.0f} / {warm['tier_up_s']:.0f}",
+                f"{warm.get('ms_every_step', float('nan')):.1f}", ratio("ms_every_step", ref_e),
+                ratio("ms_every_step", ref_i),
+                f"{warm.get('ms_every_30', float('nan')):.1f}", ratio("ms_every_30", ref_e),
+                ratio("ms_every_30", ref_i)]) + " |")
+    print("| case | engine | first step s (cold) | first step s (warm) | tier-up s (cold / warm) | "
+          "ms/step, read every step | vs eager | vs inductor | ms/step, read every 30 | vs eager | vs inductor |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
