@@ -11,15 +11,21 @@ is a `Tiered` wrapper around the quick program:
   optimizer's changing floats to inputs instead) equals the previous execution's.  At
   `config.tier_up_after` such executions in a row it queues ONE background build (state
   `_QUEUED`): a graph that is not run again (the last smaller batch, one length of a growing
-  KV cache) never reaches the threshold, and one whose scalars change every step (an Adam
-  step's bias corrections) is not built for values that will not come back;
+  KV cache) never reaches the threshold, and one whose baked scalars change every step (a
+  clamp bound from a schedule) is not built for values that will not come back;
 * the build runs on the tier-up thread (`worker`), never on a tracing thread, a device worker
   or inside `mark_step`; it sees the graph's structure (an `Interpreter`, no node objects, so
   no device data is kept alive) and the layouts of the inputs, not their values;
 * when it is ready, `_top` is set (one attribute store); the next execution whose scalars it
   accepts runs it.  Nothing ever waits for a build (`ltc.debug.wait_compiles` does, on
-  request).  A build that fails, or a top-tier program that raises, leaves the graph on the
-  quick tier for good: `TierUpFailed`, one warning naming the graph.
+  request).  A build that fails, or a top-tier program that raises where the quick one does
+  not, leaves the graph on the quick tier for good: `TierUpFailed`, one warning naming the
+  graph (an error both tiers raise is the inputs' fault: it is raised, the top tier stays);
+* the build traces with FX on its own thread; `patches/fx_tracing.py` keeps that from stopping
+  `torch.compile`d calls on the user's threads.
+
+`LTC_ASYNC_TIERS=inductor` (a top tier alone) compiles every graph with it, synchronously on the
+compiler thread (`SingleTier`: the Inductor-only conformance run).
 
 Counters `TierUpCompile` (builds finished), `TierUpFailed`, `TierUpRun` (executions on the top
 tier); metric `TierUpTime` (build seconds).  At exit, queued builds are cancelled and a running
