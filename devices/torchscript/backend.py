@@ -19,6 +19,9 @@ from .. import inductor
 from .lowering import IN_GENERATOR, TSLowering, _graph_op_name
 
 _lower_ok: dict[tuple, bool] = {}
+# intra-op threads of each CPU device's worker (set on the worker; OpenMP's count is per thread,
+# so the tier-up thread's own count says nothing about the device's)
+_worker_threads: dict[str, int] = {}
 _lower_lock = threading.Lock()
 
 
@@ -146,7 +149,7 @@ class TorchScriptBackend(Backend):
     def compile_tier(self, tier: str, graph: Any, device: torch.device, inputs: Sequence[Any]) -> Computation:
         if tier != "inductor":
             raise NotImplementedError(tier)
-        return inductor.build(graph, device, inputs)
+        return inductor.build(graph, device, inputs, threads=_worker_threads.get(str(device)))
 
     def can_lower(self, node: Node) -> bool:
         key = (node.op, tuple(_kind(e) for e in node.template))
@@ -172,6 +175,8 @@ class TorchScriptBackend(Backend):
             torch.set_num_threads(threads)
         elif device.type == "cuda":
             torch.cuda.set_device(device)
+        if device.type == "cpu":   # what the device's kernels may use: its Inductor programs too
+            _worker_threads[str(device)] = torch.get_num_threads()
 
 
 def _check_lowering(node: Node) -> bool:
