@@ -28,8 +28,9 @@ is a `Tiered` wrapper around the quick program:
 compiler thread (`SingleTier`: the Inductor-only conformance run).
 
 Counters `TierUpCompile` (builds finished), `TierUpFailed`, `TierUpRun` (executions on the top
-tier); metric `TierUpTime` (build seconds).  At exit, queued builds are cancelled and a running
-one is waited for (a compiler cannot be interrupted; the interpreter must not finalize under it).
+tier); metric `TierUpTime` (build seconds).  At exit, queued builds are dropped and a running
+one is cancelled (`_Cancelled`, raised between bytecodes: the interpreter never finalizes
+under a build, and exit waits only for the compiler subprocess or C++ call in progress).
 
 Threads: `_state`, `_streak`, `_last` are touched only by the graph's device worker (a cache
 entry belongs to one device); `_top` is written once by the tier-up thread and read by the
@@ -38,6 +39,7 @@ worker (an attribute load).  `_builds` (futures of queued builds) is guarded by 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import threading
 import time
 import warnings
@@ -168,17 +170,22 @@ class Tiered(Computation):
                 _builds.append(fut)
 
     def _build(self, layout: list) -> None:
+        global _building
         if _exiting:
             return
         t0 = time.perf_counter()
+        _building = threading.get_ident()
         try:
             top = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout)
+        except _Cancelled:
+            return
         except Exception as e:  # noqa: BLE001 - the graph stays on the quick tier
             if _exiting or "after shutdown" in str(e):   # the interpreter is exiting: no failure
                 return
             self._fail(e)
             return
         finally:
+            _building = None
             counters.add_sample("TierUpTime", time.perf_counter() - t0)
         self._interp = None     # structure no longer needed
         counters.counter("TierUpCompile")
@@ -204,6 +211,12 @@ def wait_compiles(timeout: float | None = None) -> bool:
 
 
 _exiting = False
+_building: int | None = None     # the tier-up thread's ident while a build runs
+
+
+class _Cancelled(BaseException):
+    """Raised inside a running build at exit (between two Python bytecodes, never inside C++):
+    the build unwinds, and a compiler subprocess it waits for is killed by `subprocess.run`."""
 
 
 def _exit() -> None:
@@ -213,6 +226,11 @@ def _exit() -> None:
 
 
 def _stop() -> None:
+    """At exit: queued builds are dropped and a running one is cancelled, so that exiting waits
+    for at most the C++ compile or Python bytecode it is in, not for the whole build."""
+    tid = _building
+    if tid is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(_Cancelled))
     worker.stop(timeout=None, cancel_queued=True)
 
 
