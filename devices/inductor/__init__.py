@@ -195,13 +195,7 @@ class _LiftingInterpreter(Interpreter):
             pos_args = [a.tensor if isinstance(a, _Lift) else a for a in pos_args]
             kw_args = {k: (a.tensor if isinstance(a, _Lift) else a) for k, a in kw_args.items()}
             out = op(*pos_args, **kw_args)
-        flat: list[Any] = []       # flattened as `Interpreter._run_step` does
-        for r, spec in zip(out if isinstance(out, tuple) else (out,), out_spec):
-            if spec is None:
-                flat.append(r)
-            elif spec is not False:
-                flat.extend(r)
-        return flat
+        return self.flatten(out, out_spec)
 
     @staticmethod
     def _split(op: Any, args: list) -> tuple[list, dict]:

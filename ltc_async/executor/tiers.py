@@ -90,11 +90,16 @@ class SingleTier(Computation):
         for p in self._programs:
             if p.accepts(inputs):
                 return p.execute(inputs)
-        layout = [TensorMeta(tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor)
-                  else v for v in inputs]
-        p = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout)
+        p = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device,
+                                           _layout(inputs))
         self._programs.append(p)
         return p.execute(inputs)
+
+
+def _layout(inputs: Sequence[Any]) -> list[Any]:
+    """One execution's inputs with tensors as their `TensorMeta`: what a build may see."""
+    return [TensorMeta(tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor) else v
+            for v in inputs]
 
 
 def top_tier(ctx: Any) -> str | None:
@@ -159,8 +164,7 @@ class Tiered(Computation):
             self._last, self._streak = scalars, 1
         if self._streak >= config.tier_up_after:
             self._state = _QUEUED
-            layout = [TensorMeta(tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor)
-                      else v for v in inputs]
+            layout = _layout(inputs)
             job = lambda: self._build(layout)
             if events.tier_up_job.on:   # the timeline: background builds as spans
                 job = events.tier_up_job.wrap(job, self._ctx, self._label, self._tier)

@@ -109,7 +109,11 @@ class Interpreter:
             return op.run(vals, scalars, self.device)
         args = [self._arg(e, vals, scalars) for e in template]
         pos_args, kw_args = op_info(op).split(args)
-        out = op(*pos_args, **kw_args)
+        return self.flatten(op(*pos_args, **kw_args), out_spec)
+
+    @staticmethod
+    def flatten(out: Any, out_spec: tuple) -> list[Any]:
+        """An op's result as the node's flattened outputs (one per tensor, lists spread)."""
         flat: list[Any] = []
         for r, s in zip(out if isinstance(out, tuple) else (out,), out_spec):
             if s is None:

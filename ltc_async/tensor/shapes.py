@@ -9,9 +9,9 @@ For the `x_copy` ops functionalization produces, the strides are those of the vi
 
 Meta kernels check shapes, but not always dtypes: `mm` on meta takes `float16 @ float32`, which
 every eager kernel rejects, and `argmax` a bool tensor.  So a signature whose tensor inputs mix
-floating-point dtypes, or include a bool or integer tensor, is also run once by eager on the backing device (`_run_like_eager`), on zero-filled stand-ins
-with the inputs' shapes and strides: eager's error, at the user's line, instead of a failed
-execution later.  Meta kernels also type some outputs after CUDA: `native_layer_norm` and
+floating-point dtypes, or include a bool or integer tensor, is also run once by eager on the
+backing device (`_run_like_eager`), on zero-filled stand-ins with the inputs' shapes and strides:
+eager's error, at the user's line, instead of a failed execution later.  Meta kernels also type some outputs after CUDA: `native_layer_norm` and
 `native_batch_norm` give float32 mean/rstd for bf16 inputs, where the CPU kernels keep bf16.  So
 an op with several outputs over bf16/fp16 inputs is run by eager the same way and its outputs
 take eager's dtypes: the metas are what the device will produce (a bf16 layer norm's backward
