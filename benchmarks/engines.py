@@ -7,6 +7,7 @@ use (`torch_lazy()`), so a benchmark that does not run it does not load it.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,16 @@ def _none() -> None:
     return None
 
 
+#: The eager anchors' device (`eager`, `torch.compile`): "cpu", or "cuda" to compare against ltc
+#: devices backed by a GPU (`BENCH_EAGER_DEVICE=cuda`; ltc:0 is cuda:0 where a GPU is present).
+EAGER_DEVICE = os.environ.get("BENCH_EAGER_DEVICE", "cpu")
+
+
+def _eager_wait() -> None:
+    if EAGER_DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def _lazy_engine() -> Engine:
     lazy = torch_lazy()
     return Engine(LAZY, "lazy", lazy.mark_step, lazy.wait_device_ops,
@@ -70,12 +81,12 @@ def _lazy_engine() -> Engine:
 
 
 _FACTORIES: dict[str, Callable[[], Engine]] = {
-    EAGER: lambda: Engine(EAGER, "cpu", noop, noop, _none),
+    EAGER: lambda: Engine(EAGER, EAGER_DEVICE, noop, _eager_wait, _none),
     LAZY: _lazy_engine,
     LTC: lambda: Engine(LTC, "ltc:0", ltc.mark_step, ltc.wait_device_ops, ltc_compiles),
-    # torch.compile (default backend, Inductor) runs on the eager CPU device; only the model
+    # torch.compile (default backend, Inductor) runs on the eager device; only the model
     # is compiled.
-    COMPILE: lambda: Engine(COMPILE, "cpu", noop, noop, _none, backend="inductor"),
+    COMPILE: lambda: Engine(COMPILE, EAGER_DEVICE, noop, _eager_wait, _none, backend="inductor"),
     LTC_COMPILE: lambda: Engine(LTC_COMPILE, "ltc:0", ltc.mark_step, ltc.wait_device_ops,
                                 ltc_compiles, backend="ltc"),
 }
