@@ -41,7 +41,6 @@ from benchmarks import engines
 from benchmarks.cases import mlp, sgd, to_device
 from benchmarks.engines import COMPILE, EAGER, LTC, LTC_COMPILE
 from benchmarks.harness import Runner, log, md_header, md_row, median, time_steps
-from ltc_async.executor import arena
 
 # this benchmark's names for the engines (its CLI choices and columns); inductor+opt also
 # compiles the optimizer's step
@@ -177,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     global OPTIMIZER
     OPTIMIZER = args.optimizer
     names = args.engine or [e for e in ENGINES if e != "inductor+opt" or args.inductor_opt]
+    from ltc_async.executor import (
+        arena,  # lazy: the eager anchors may run without ltc_async
+    )
     torch.set_num_threads(arena.get("ltc:0").threads)   # eager and Inductor: the worker's threads
     results = {name: run_case(name, names, args.rounds, args.steps, args.warmup)
                for name in (args.only or list(CASES))}

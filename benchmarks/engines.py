@@ -2,7 +2,10 @@
 
 Both lazy engines live side by side in one process: torch._lazy (C++ LTC, TorchScript backend)
 owns device `lazy`, ltc_async owns device `ltc`.  torch._lazy's backend is initialized on first
-use (`torch_lazy()`), so a benchmark that does not run it does not load it.
+use (`torch_lazy()`), so a benchmark that does not run it does not load it; likewise ltc_async is
+imported only by its engines: in a process that imports it, PyTorch's autograd cannot run an
+eager CUDA backward (pytorch/pytorch#161129), so the eager anchors on a GPU
+(`BENCH_EAGER_DEVICE=cuda`) need processes of their own (`bench_tiers` runs one per engine).
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from typing import Any
 
 import torch
 
-import ltc_async as ltc
 from benchmarks.harness import noop
 
 EAGER, LAZY, LTC, COMPILE = "eager", "torch._lazy", "ltc_async", "torch.compile"
@@ -56,8 +58,18 @@ def torch_lazy() -> Any:
 _lazy_ready: list[bool] = []
 
 
+def _ltc() -> Any:
+    import ltc_async  # lazy: see the module's docstring
+    return ltc_async
+
+
 def ltc_compiles() -> int:
-    return ltc.metrics.counter_value("UncachedCompile") or 0
+    return _ltc().metrics.counter_value("UncachedCompile") or 0
+
+
+def _ltc_engine(name: str, backend: str | None = None) -> Engine:
+    ltc = _ltc()
+    return Engine(name, "ltc:0", ltc.mark_step, ltc.wait_device_ops, ltc_compiles, backend=backend)
 
 
 def _none() -> None:
@@ -83,12 +95,11 @@ def _lazy_engine() -> Engine:
 _FACTORIES: dict[str, Callable[[], Engine]] = {
     EAGER: lambda: Engine(EAGER, EAGER_DEVICE, noop, _eager_wait, _none),
     LAZY: _lazy_engine,
-    LTC: lambda: Engine(LTC, "ltc:0", ltc.mark_step, ltc.wait_device_ops, ltc_compiles),
+    LTC: lambda: _ltc_engine(LTC),
     # torch.compile (default backend, Inductor) runs on the eager device; only the model
     # is compiled.
     COMPILE: lambda: Engine(COMPILE, EAGER_DEVICE, noop, _eager_wait, _none, backend="inductor"),
-    LTC_COMPILE: lambda: Engine(LTC_COMPILE, "ltc:0", ltc.mark_step, ltc.wait_device_ops,
-                                ltc_compiles, backend="ltc"),
+    LTC_COMPILE: lambda: _ltc_engine(LTC_COMPILE, backend="ltc"),
 }
 
 

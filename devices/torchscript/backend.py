@@ -101,11 +101,10 @@ class TorchScriptBackend(Backend):
         return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
 
     def upload(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-        if device.type == "cuda" and tensor.device.type == "cpu":
-            src = tensor if tensor.is_pinned() else tensor.pin_memory()
-            out = src.to(device, non_blocking=True)
-            torch.cuda.current_stream(device).synchronize()  # the source may be freed/modified next
-            return out
+        # A blocking copy: the source may be freed or written next.  No pinning: with the `ltc`
+        # PrivateUse1 backend registered, `pin_memory()` without a device asks PrivateUse1's
+        # hooks for an allocator and raises where the native hooks are not built (seen on a
+        # GPU), and a pinned copy followed by a synchronize gains nothing.
         return tensor.to(device, copy=True)
 
     def to_torch(self, value: Any) -> torch.Tensor:

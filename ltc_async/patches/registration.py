@@ -287,8 +287,29 @@ def _patch_autograd_engine() -> None:
             if isinstance(t, torch.Tensor) and t.device.type == "ltc":
                 with autograd.set_multithreading_enabled(False):
                     return _raising_deferred(original, t_outputs, *args, **kwargs)
-        return original(t_outputs, *args, **kwargs)
+        try:
+            return original(t_outputs, *args, **kwargs)
+        except RuntimeError as e:
+            if _CUDA_STREAMS_ASSERT in str(e):
+                raise RuntimeError(_CUDA_BACKWARD_REFUSED) from e
+            raise
     autograd._engine_run_backward = _engine_run_backward
+
+
+# PyTorch's autograd engine asks `at::getAccelerator()` for the device type whose streams it
+# synchronizes, and that answers PrivateUse1 as soon as a PrivateUse1 backend is registered --
+# ltc_async's `ltc`, at import, for good.  A backward over eager CUDA tensors then finds no
+# stream on its nodes and fails an internal assert (pytorch/pytorch#161129; seen on an H200
+# with torch 2.11).  Nothing outside PyTorch's C++ can change that answer, so the assert is
+# turned into an error that says what happened and what to do.
+_CUDA_STREAMS_ASSERT = "opt_ready_stream && opt_parent_stream"
+_CUDA_BACKWARD_REFUSED = (
+    "PyTorch's autograd cannot run this backward over CUDA tensors in a process that imported "
+    "ltc_async: registering the `ltc` device (a PrivateUse1 backend) makes PyTorch treat "
+    "PrivateUse1, not CUDA, as the accelerator whose streams the engine synchronizes "
+    "(pytorch/pytorch#161129). Train on `ltc:N` devices instead (they run on the GPU where one "
+    "is present: ltc.backend_device('ltc:0') says which), or run the eager CUDA code in a "
+    "process that does not import ltc_async.")
 
 
 def _raising_deferred(run: Any, *args: Any, **kwargs: Any) -> Any:
