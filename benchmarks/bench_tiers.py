@@ -66,7 +66,7 @@ def child(args: argparse.Namespace) -> None:
     if args.engine.endswith("tiered"):
         ltc.debug.wait_compiles()
         tier_up_s = time.perf_counter() - T_START
-        for _ in range(3):
+        for _ in range(10):   # past the trial of each graph's two tiers (`LTC_ASYNC_TIER_TRIAL`)
             step()
         wait()
 

@@ -34,12 +34,29 @@ pytestmark = pytest.mark.skipif(inductor.available("cpu") is not None,
 def tiering(monkeypatch):
     monkeypatch.setattr(config, "tiers", ("ts", "inductor"))
     monkeypatch.setattr(config, "tier_up_after", 3)
+    monkeypatch.setattr(config, "tier_trial", 0)   # the top tier stays once built (see the trial tests)
     yield
     ltc.debug.wait_compiles(600)
 
 
 def _counts() -> dict:
     return {k: ltc.metrics.counter_value(k) or 0 for k in ("TierUpCompile", "TierUpFailed", "TierUpRun")}
+
+
+class _Slowed:
+    """A compiled program that takes `delay` seconds longer (a slower tier, injected)."""
+
+    def __init__(self, program, delay: float) -> None:
+        self._program, self._delay = program, delay
+        self.backend_text = program.backend_text
+        self.reused_program = getattr(program, "reused_program", False)
+
+    def accepts(self, inputs) -> bool:
+        return self._program.accepts(inputs)
+
+    def execute(self, inputs):
+        time.sleep(self._delay)
+        return self._program.execute(inputs)
 
 
 def _mlp(width: int = 64) -> torch.nn.Module:
@@ -80,9 +97,14 @@ def test_a_training_loop_moves_to_inductor_and_keeps_eager_values():
     assert count == c["TierUpCompile"] and total > 0
 
 
-def test_no_step_waits_for_a_build():
+def test_no_step_waits_for_a_build(monkeypatch, tmp_path):
     """Steps keep running on TorchScript while the build runs (seconds): every step of the loop
-    below finishes while the build is still under way, each in a small fraction of it."""
+    below finishes while the build is still under way, each in a small fraction of it.  The
+    build starts from empty Inductor caches (a private cache directory, no FX graph cache), so it
+    takes the seconds a first build takes, however warm the machine's caches are."""
+    import torch._inductor.config as inductor_config
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
     m = _mlp(96).to(DEV)
@@ -186,6 +208,38 @@ def test_a_failing_build_leaves_the_graph_on_the_quick_tier(monkeypatch):
     mine = [w for w in seen if "could not take the graph" in str(w.message)]
     assert len(mine) == 1 and "test_tiers.py" in str(mine[0].message) and "injected" in str(mine[0].message)
     assert _counts() == {"TierUpCompile": 0, "TierUpFailed": 1, "TierUpRun": 0}
+
+
+@pytest.mark.parametrize("slower", ["top", "quick"])
+def test_the_graph_keeps_the_faster_tier(monkeypatch, slower):
+    """After a build, the two tiers are timed against each other on the next executions and the
+    graph keeps the faster: a top tier slower than TorchScript (injected: 30 ms more per run)
+    is dropped (`TierUpSlower`) and never built again; a faster one stays.  Values stay eager's
+    throughout the trial."""
+    from ltc_async.executor import arena
+    backend = arena.backend()
+    monkeypatch.setattr(config, "tier_trial", 2)
+    if slower == "top":
+        real = backend.compile_tier
+        monkeypatch.setattr(backend, "compile_tier", lambda *a, **k: _Slowed(real(*a, **k), 0.03))
+    else:
+        real = backend.compile
+        monkeypatch.setattr(backend, "compile", lambda *a, **k: _Slowed(real(*a, **k), 0.03))
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(9))
+    lazy = x.to(DEV)
+    ltc.metrics.reset()
+    fn = torch.tanh if slower == "top" else torch.sigmoid   # a graph of its own per case
+    for k in range(16):
+        torch.testing.assert_close((fn(lazy) * 0.5 + lazy).cpu(), fn(x) * 0.5 + x)
+        if k == 3:
+            assert ltc.debug.wait_compiles(600)
+    runs = _counts()["TierUpRun"]
+    slower_count = ltc.metrics.counter_value("TierUpSlower")
+    if slower == "top":
+        assert slower_count == 1 and runs == 3   # the trial's top runs: 1 warm-up + 2 timed
+    else:
+        assert slower_count == 0 and runs >= 9   # after the trial, every run on the top tier
+    assert _counts()["TierUpCompile"] == 1 and _counts()["TierUpFailed"] == 0
 
 
 def test_an_index_out_of_range_on_the_top_tier_raises_and_the_tier_stays():

@@ -56,6 +56,9 @@ class Config:
     #: executions in a row with the same runtime scalars after which a graph's top tier is
     #: built in the background (`LTC_ASYNC_TIER_UP_AFTER`)
     tier_up_after: int = field(default_factory=lambda: max(1, _env_int("LTC_ASYNC_TIER_UP_AFTER", 10)))
+    #: timed executions per tier once a top-tier program is ready; the graph keeps the faster
+    #: tier (`LTC_ASYNC_TIER_TRIAL`; 0: keep the top tier untimed)
+    tier_trial: int = field(default_factory=lambda: max(0, _env_int("LTC_ASYNC_TIER_TRIAL", 3)))
     #: schema names ("aten::sub.Tensor") of ops forced onto the eager fallback
     #: (`ltc.debug.force_fallback`; no environment variable)
     force_fallback: frozenset = field(default_factory=frozenset)

@@ -28,7 +28,8 @@ COMPILE_SHAPES_PREFIX = "CompileShapes::"
 
 #: counters that always exist (value 0 until counted, also after `reset()`), as in torch._lazy
 ALWAYS_PRESENT = ("MarkStep", "CachedCompile", "UncachedCompile", "DeviceDataCacheMiss",
-                  "CreateLtcTensor", "DestroyLtcTensor", "EagerFallback", "TierUpCompile", "TierUpFailed")
+                  "CreateLtcTensor", "DestroyLtcTensor", "EagerFallback", "TierUpCompile", "TierUpFailed",
+                  "TierUpSlower")
 
 _MAX_SAMPLES = 1024
 _counters: dict[str, int] = {}

@@ -18,7 +18,11 @@ is a `Tiered` wrapper around the quick program:
   no device data is kept alive) and the layouts of the inputs, not their values;
 * when it is ready, `_top` is set (one attribute store); the next execution whose scalars it
   accepts runs it.  Nothing ever waits for a build (`ltc.debug.wait_compiles` does, on
-  request).  A build that fails, or a top-tier program that raises where the quick one does
+  request).  The top tier is not always faster (Inductor's per-kernel Python calls cost more
+  than TorchScript's interpreter for a graph of many tiny ops), so the first executions after
+  a build are a trial (`_Trial`, `config.tier_trial` timed runs per tier, alternating, device
+  work included): a top tier that measures slower is dropped (`TierUpSlower`) and the graph
+  stays on the quick tier for good.  A build that fails, or a top-tier program that raises where the quick one does
   not, leaves the graph on the quick tier for good: `TierUpFailed`, one warning naming the
   graph (an error both tiers raise is the inputs' fault: it is raised, the top tier stays);
 * the build traces with FX on its own thread; `patches/fx_tracing.py` keeps that from stopping
@@ -32,14 +36,15 @@ tier); metric `TierUpTime` (build seconds).  At exit, queued builds are dropped 
 one is cancelled (`_Cancelled`, raised between bytecodes: the interpreter never finalizes
 under a build, and exit waits only for the compiler subprocess or C++ call in progress).
 
-Threads: `_state`, `_streak`, `_last` are touched only by the graph's device worker (a cache
-entry belongs to one device); `_top` is written once by the tier-up thread and read by the
+Threads: `_state`, `_streak`, `_last`, `_trial` are touched only by the graph's device worker
+(a cache entry belongs to one device); `_top` is written once by the tier-up thread and read by the
 worker (an attribute load).  `_builds` (futures of queued builds) is guarded by `_lock`.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import statistics
 import threading
 import time
 import warnings
@@ -54,7 +59,7 @@ from ..ir.interpreter import Interpreter
 from ..ir.node import TensorMeta
 from .futures import BackendData, Worker
 
-_IDLE, _QUEUED, _READY, _FAILED = "idle", "queued", "ready", "failed"
+_IDLE, _QUEUED, _READY, _FAILED, _SLOWER = "idle", "queued", "ready", "failed", "slower"
 
 worker = Worker("ltc-tier-up")
 _builds: list[cf.Future] = []
@@ -135,6 +140,7 @@ class Tiered(Computation):
         self._streak = 0
         self._last: tuple | None = None
         self._top: Any = None
+        self._trial: _Trial | None = None
 
     @property
     def tier(self) -> str:
@@ -144,17 +150,30 @@ class Tiered(Computation):
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         top = self._top
         if top is not None and top.accepts(inputs):
+            trial = self._trial
+            if trial is not None and trial.quick_next():
+                return self._settle(trial, trial.run("quick", self.quick, inputs))
             try:
-                out = top.execute(inputs)
+                out = top.execute(inputs) if trial is None else trial.run("top", top, inputs)
             except Exception as e:  # noqa: BLE001 - the quick tier still computes the step
                 out = self.quick.execute(inputs)    # raising too: the inputs' fault (an index
                 self._fail(e)                        # out of range), the top tier stays
                 return out
             counters.counter("TierUpRun")
-            return out
+            return out if trial is None else self._settle(trial, out)
         elif self._state is _IDLE:
             self._count(inputs)
         return self.quick.execute(inputs)
+
+    def _settle(self, trial: _Trial, out: list[Any]) -> list[Any]:
+        """After a trial execution: once both tiers are timed, keep the faster."""
+        verdict = trial.verdict()
+        if verdict == "quick":
+            self._top, self._trial, self._state = None, None, _SLOWER
+            counters.counter("TierUpSlower")
+        elif verdict == "top":
+            self._trial = None
+        return out
 
     def _count(self, inputs: Sequence[Any]) -> None:
         scalars = self._key(inputs)   # what a program built now would be specialized on
@@ -194,16 +213,53 @@ class Tiered(Computation):
         self._interp = None     # structure no longer needed
         counters.counter("TierUpCompile")
         self._state = _READY
-        self._top = top
+        if config.tier_trial:
+            self._trial = _Trial(self._ctx, config.tier_trial)   # set before `_top`: the worker
+        self._top = top                                           # reads them in that order
 
     def _fail(self, e: BaseException) -> None:
         self._top = None
+        self._trial = None
         self._state = _FAILED
         self._interp = None
         counters.counter("TierUpFailed")
         warnings.warn(f"ltc_async: the {self._tier} tier could not take the graph scheduled at "
                       f"{self._label} ({type(e).__name__}: {str(e)[:300]}); it stays on the quick "
                       "tier", RuntimeWarning, stacklevel=1)
+
+
+class _Trial:
+    """The first executions after a build: the two tiers alternate, top first; each tier's
+    first run warms up (allocations, first-call paths), the next `runs` are timed, the device's
+    work included (the backend's completion marker is waited for: on CUDA, a trial execution
+    waits for its kernels).  Touched by the device worker only."""
+
+    def __init__(self, ctx: Any, runs: int) -> None:
+        self._backend, self._device, self._runs = ctx.backend, ctx.backend_device, runs
+        self._n = 0
+        self._times: dict[str, list[float]] = {"quick": [], "top": []}
+
+    def quick_next(self) -> bool:
+        return self._n % 2 == 1
+
+    def run(self, tier: str, program: Computation, inputs: Sequence[Any]) -> list[Any]:
+        self._n += 1
+        t0 = time.perf_counter()
+        out = program.execute(inputs)
+        marker = self._backend.completion_marker(self._device)
+        if marker is not None:
+            self._backend.wait_marker(marker)
+        if self._n > 2:   # each tier's first run warms up
+            self._times[tier].append(time.perf_counter() - t0)
+        return out
+
+    def verdict(self) -> str | None:
+        """"top" or "quick" once both tiers have their timed runs (ties go to the top tier),
+        else None."""
+        quick, top = self._times["quick"], self._times["top"]
+        if min(len(quick), len(top)) < self._runs:
+            return None
+        return "top" if statistics.median(top) <= statistics.median(quick) else "quick"
 
 
 def wait_compiles(timeout: float | None = None) -> bool:
