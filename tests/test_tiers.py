@@ -97,14 +97,16 @@ def test_a_training_loop_moves_to_inductor_and_keeps_eager_values():
     assert count == c["TierUpCompile"] and total > 0
 
 
-def test_no_step_waits_for_a_build(monkeypatch, tmp_path):
+def test_no_step_waits_for_a_build(monkeypatch, tmp_path, request):
     """Steps keep running on TorchScript while the build runs (seconds): every step of the loop
     below finishes while the build is still under way, each in a small fraction of it.  The
     build starts from empty Inductor caches (a private cache directory, no FX graph cache), so it
     takes the seconds a first build takes, however warm the machine's caches are."""
     import torch._inductor.config as inductor_config
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    no_graph_cache = inductor_config.patch(fx_graph_cache=False)   # (its own undo: a config
+    no_graph_cache.__enter__()                                     # module, not an object)
+    request.addfinalizer(lambda: no_graph_cache.__exit__(None, None, None))
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
     m = _mlp(96).to(DEV)

@@ -22,10 +22,15 @@ How a graph becomes an Inductor program:
    scalars equal those it was built with (`InductorProgram.accepts`), and the executor only
    builds it for a graph whose baked-to-be scalars (`specialization`) were the same over the
    runs that made it hot;
-3. `torch._inductor.compile(gm, example_inputs)` builds it (its CPU kernels made to release the
-   GIL while they run: `_release_the_gil_in_kernels`), in-process
-   (`compile_threads=1`: no compiler worker processes to orphan at exit; C++ builds are
-   `g++` subprocesses that end with their build).
+3. `torch._inductor.compile(gm, example_inputs)` builds it in-process (`compile_threads=1`: no
+   compiler worker processes to orphan at exit; C++ builds are `g++` subprocesses that end
+   with their build).  On CPU devices with Inductor's C++ wrapper (`cpp_wrapper`): the whole
+   program -- kernels, allocations, the calls between them -- is one C++ function that runs
+   without the GIL, as a TorchScript graph does.  The default Python wrapper calls each
+   kernel from Python, taking the GIL back between kernels: a device worker running it
+   contended with the tracing thread for the GIL at every kernel (measured: the overlapped
+   steps of the compile path were ~12% slower than with the C++ wrapper), and its kernels,
+   each a separate shared library, took longer to build cold.
 
 Graphs drawing random numbers are not built (their seeds are runtime inputs that `make_fx`
 cannot take; Inductor would also draw other numbers): they stay on the quick tier.
@@ -203,31 +208,6 @@ class _LiftingInterpreter(Interpreter):
         return list(pos), dict(kw)
 
 
-_NOGIL_CALL = (
-    "auto __ltc_args = std::make_tuple({}); "
-    "{{ struct LtcNoGil {{ PyThreadState* s; LtcNoGil() : s(PyEval_SaveThread()) {{}} "
-    "~LtcNoGil() {{ PyEval_RestoreThread(s); }} }} __ltc_nogil; std::apply(kernel, __ltc_args); }} "
-    "Py_RETURN_NONE;")
-
-
-@functools.lru_cache(maxsize=None)
-def _release_the_gil_in_kernels() -> None:
-    """Inductor's CPU kernels are C++ functions called through a small Python binding that keeps
-    the GIL for the whole kernel; a device worker running them would stop the tracing thread
-    (the overlap this engine lives on) for as long as the kernels run.  The binding is made to
-    parse its arguments with the GIL, then release it around the kernel (an RAII guard: a
-    kernel that throws gets the GIL back before the error is set), as TorchScript does around
-    a whole graph.  Kernels touch only raw buffers; the change is process-wide and only makes
-    other threads run while kernels do."""
-    from torch._inductor import codecache
-    cls = codecache.CppPythonBindingsCodeCache
-    if cls.call_entry_function != "kernel({}); Py_RETURN_NONE;":   # a PyTorch we do not know
-        return
-    cls.suffix_template = cls.suffix_template.replace(
-        "#include <Python.h>", "#include <Python.h>\n#include <tuple>", 1)
-    cls.call_entry_function = _NOGIL_CALL
-
-
 def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
           threads: int | None = None) -> InductorProgram:
     """Compile the graph `interp` replays (see the module note).  `inputs`: one execution's
@@ -237,7 +217,6 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
     from torch._inductor import config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    _release_the_gil_in_kernels()
     lifting = _LiftingInterpreter.__new__(_LiftingInterpreter)
     lifting.__dict__.update(interp.__dict__)
     slots = [i for i, v in enumerate(inputs) if isinstance(v, (torch.Tensor, TensorMeta))]
@@ -271,8 +250,10 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
             lifts_used = used
         examples = examples[:len(slots)] + [torch.tensor(float(inputs[i]), dtype=torch.float64) for i in lift_slots]
         patch = {"compile_threads": 1}
-        if threads and device.type == "cpu":
-            patch["cpp.threads"] = threads
+        if device.type == "cpu":
+            patch["cpp_wrapper"] = True     # the whole program without the GIL (module note, 3.)
+            if threads:
+                patch["cpp.threads"] = threads
         with inductor_config.patch(patch):
             fn = torch._inductor.compile(gm, examples)
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
