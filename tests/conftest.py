@@ -18,6 +18,21 @@ import torch
 
 import ltc_async as ltc
 
+if os.environ.get("LTC_ASYNC_TEST_TIER_UP_INLINE") == "1":
+    # `make test` runs the model tests again with tiering on (LTC_ASYNC_TIERS=ts,inductor, a
+    # low LTC_ASYNC_TIER_UP_AFTER) and this: a hot graph's top tier is built inline by the
+    # execution that makes it hot, so the next steps of a short test already run on Inductor
+    # (in a program, builds run in the background and nothing waits for them).
+    from ltc_async.executor import tiers as _tiers
+
+    def _inline(job, future):
+        try:
+            future.set_result(job())
+        except BaseException as e:  # noqa: BLE001 - handed to the future, as the worker does
+            future.set_exception(e)
+        return future
+    _tiers.worker.submit = _inline
+
 
 @pytest.fixture(autouse=True)
 def _clean_state():
