@@ -18,13 +18,13 @@ is a `Tiered` wrapper around the quick program:
   no device data is kept alive) and the layouts of the inputs, not their values;
 * when it is ready, `_top` is set (one attribute store); the next execution whose scalars it
   accepts runs it.  Nothing ever waits for a build (`ltc.debug.wait_compiles` does, on
-  request).  The top tier is not always faster (Inductor's per-kernel Python calls cost more
-  than TorchScript's interpreter for a graph of many tiny ops), so the first executions after
-  a build are a trial (`_Trial`, `config.tier_trial` timed runs per tier, alternating, device
-  work included): a top tier that measures slower is dropped (`TierUpSlower`) and the graph
-  stays on the quick tier for good.  A build that fails, or a top-tier program that raises where the quick one does
-  not, leaves the graph on the quick tier for good: `TierUpFailed`, one warning naming the
-  graph (an error both tiers raise is the inputs' fault: it is raised, the top tier stays);
+  request).  The top tier is not always the faster (measured: BERT's compile path with rare
+  reads), so the first executions after a build are a trial (`_Trial`: `config.tier_trial`
+  timed runs per tier, alternating, device work included): a top tier that measures slower
+  is dropped (`TierUpSlower`) and the graph stays on the quick tier for good.  A build that
+  fails, or a top-tier program that raises where the quick one does not, leaves the graph on
+  the quick tier for good: `TierUpFailed`, one warning naming the graph (an error both tiers
+  raise is the inputs' fault: it is raised, the top tier stays);
 * the build traces with FX on its own thread; `patches/fx_tracing.py` keeps that from stopping
   `torch.compile`d calls on the user's threads.
 
@@ -37,8 +37,10 @@ one is cancelled (`_Cancelled`, raised between bytecodes: the interpreter never 
 under a build, and exit waits only for the compiler subprocess or C++ call in progress).
 
 Threads: `_state`, `_streak`, `_last`, `_trial` are touched only by the graph's device worker
-(a cache entry belongs to one device); `_top` is written once by the tier-up thread and read by the
-worker (an attribute load).  `_builds` (futures of queued builds) is guarded by `_lock`.
+(a cache entry belongs to one device), except that the tier-up thread sets `_trial` once,
+before `_top`; `_top` is written once by the tier-up thread (cleared by the worker when the
+tier is dropped) and read by the worker (an attribute load).  `_builds` (futures of queued
+builds) is guarded by `_lock`.
 """
 from __future__ import annotations
 
@@ -227,6 +229,9 @@ class Tiered(Computation):
                       "tier", RuntimeWarning, stacklevel=1)
 
 
+_MARGIN = 0.05   # a top tier this much slower than the quick one in the trial is still kept
+
+
 class _Trial:
     """The first executions after a build: the two tiers alternate, top first; each tier's
     first run warms up (allocations, first-call paths), the next `runs` are timed, the device's
@@ -261,8 +266,6 @@ class _Trial:
             return None
         return "top" if min(top) <= min(quick) * (1 + _MARGIN) else "quick"
 
-
-_MARGIN = 0.05
 
 
 def wait_compiles(timeout: float | None = None) -> bool:
