@@ -122,7 +122,8 @@ def test_shape_errors_raise_at_the_line_and_leave_inputs_intact():
 
 
 @pytest.mark.parametrize("case", [
-    "argmax_bool", "softmax_long", "std_int", "relu_bool", "median_bool", "bitwise_not_float", "mm_half_float"])
+    "argmax_bool", "softmax_long", "std_int", "relu_bool", "median_bool", "bitwise_not_float", "mm_half_float",
+    "pow_int_negative"])
 def test_dtype_errors_raise_at_the_line_like_eager(case):
     """Kernels eager has no case for (a bool argmax, a long softmax) are refused at the line that
     called them, with eager's message, although their meta kernels accept the dtype; a value the
@@ -137,6 +138,7 @@ def test_dtype_errors_raise_at_the_line_like_eager(case):
         "median_bool": lambda d: mask.to(d).median(),
         "bitwise_not_float": lambda d: torch.bitwise_not(ints.float().to(d)),
         "mm_half_float": lambda d: torch.ones(2, 2, dtype=torch.float16, device=d) @ torch.ones(2, 2, device=d),
+        "pow_int_negative": lambda d: ints.to(d).abs() ** -7,   # found by the fuzzer
     }[case]
     with pytest.raises(RuntimeError) as eager:
         make("cpu")

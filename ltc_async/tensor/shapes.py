@@ -196,8 +196,10 @@ def _about_dtypes(message: str, inputs: list[LtcTensor]) -> bool:
     kernel with no case for them: "argmax(): does not support bool input", '"softmax" not
     implemented for 'Long'') rather than about zeros, which the real values may not be."""
     low = message.lower()
-    if "dtype" in low or "floating point" in low or "integral" in low or "not implemented for" in low:
-        return True
+    if "zero" in low:   # "ZeroDivisionError", a zero-sum multinomial: the stand-ins' values
+        return False
+    if any(k in low for k in ("dtype", "floating point", "integral", "integer", "not implemented for")):
+        return True     # ... "Integers to negative integer powers are not allowed." too
     names = {str(t._m.dtype).removeprefix("torch.") for t in inputs}
     return any(n in low for n in names) or ("bool" in names and "boolean" in low)
 
