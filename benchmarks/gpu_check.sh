@@ -1,0 +1,33 @@
+#!/bin/bash
+# The CUDA check run on a lent GPU (this workplace's device tool), in one call, outputs under
+# $OUT: a smoke test, examples/train_mlp.py on ltc:0 (= cuda:0), the suite on cuda:0,cuda:0
+# under xdist, and bench_tiers with the eager anchors on the GPU.  The GPU image lacks a few
+# test dependencies: download their wheels into .whl/ first (trio, outcome, sniffio,
+# pytest-trio, expecttest, pyro-ppl, pyro-api) and carry .whl.
+#   bash benchmarks/gpu_check.sh
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
+mkdir -p /tmp/pkg && ln -sfn "$PWD/ltc_async" /tmp/pkg/ltc_async && ln -sfn "$PWD/devices" /tmp/pkg/ltc_async_devices
+export PYTHONPATH=/tmp/pkg:/tmp/site:$PWD
+el env
+{ nvidia-smi -L; python3 -c "import torch,sys;print(sys.version);print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))";
+  python3 -c "import transformers,triton;print('transformers',transformers.__version__,'triton',triton.__version__)"; nproc; } 2>&1 | tee $OUT/env.txt
+el "smoke + example"
+timeout 90 python3 - <<'PY' 2>&1 | tee $OUT/smoke.txt
+import torch, ltc_async as ltc
+print("backend device", ltc.backend_device("ltc:0"))
+x = torch.randn(64, 64, device="ltc:0"); y = (x @ x).relu().sum(0)
+ref = (x.cpu().cuda() @ x.cpu().cuda()).relu().sum(0)
+torch.testing.assert_close(y.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4); print("smoke ok")
+PY
+timeout 90 python3 examples/train_mlp.py --epochs 2 2>&1 | tail -25 | tee $OUT/example.txt
+el "pytest"
+LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT 170 python3 -m pytest -q -n 14 -p no:cacheprovider --timeout 150 --tb=line -rfE tests > $OUT/pytest.txt 2>&1
+tail -8 $OUT/pytest.txt
+el "bench"
+BENCH_EAGER_DEVICE=cuda timeout -s INT 160 python3 -m benchmarks.bench_tiers --only gpt2 \
+   --engines eager,inductor,ltc,ltc-tiered --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
+tail -12 $OUT/bench.txt
+el done
