@@ -267,7 +267,6 @@ class _Trial:
         return "top" if min(top) <= min(quick) * (1 + _MARGIN) else "quick"
 
 
-
 def wait_compiles(timeout: float | None = None) -> bool:
     """Block until every background build queued so far has finished; False on timeout."""
     with _lock:
