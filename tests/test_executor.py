@@ -349,3 +349,30 @@ def test_generic_program_keeps_the_number_of_split_outputs(metrics):
     for got, want in outs:
         assert_eager(got, want)
     assert not metrics.counter_value("ExecutionSalvaged")   # no program failed and was replayed
+
+
+@pytest.mark.parametrize("fill", [(False, True), (0, 7), (0.5, -2.0)], ids=["bool", "int", "float"])
+def test_a_fill_value_is_a_runtime_scalar(metrics, fill):
+    """`torch.full(..., flag, dtype=torch.bool)` -- transformers' stopping criteria make one per
+    token, turning True at the last -- and `scalar_tensor` take their fill as a runtime scalar:
+    a new value runs the same graph, with eager's values and dtypes."""
+    x = torch.arange(6).to("ltc:0")
+    outs = []
+    for i, v in enumerate(fill):
+        dtype = torch.bool if type(v) is bool else None
+        f = torch.full((6,), v, device="ltc:0", dtype=dtype)
+        s = torch.scalar_tensor(v, device="ltc:0", dtype=dtype or torch.float32)
+        outs.append((f, s, torch.where(f.bool(), x, -x)))
+        ltc.mark_step()
+        if i == 0:
+            compiled = metrics.counter_value("UncachedCompile") + (metrics.counter_value("CompileReuse") or 0)
+    assert metrics.counter_value("UncachedCompile") + (metrics.counter_value("CompileReuse") or 0) == compiled
+    for v, (f, s, w) in zip(fill, outs):
+        dtype = torch.bool if type(v) is bool else None
+        want = torch.full((6,), v, dtype=dtype)
+        assert_eager(f, want)
+        assert_eager(s, torch.scalar_tensor(v, dtype=dtype or torch.float32))
+        assert_eager(w, torch.where(want.bool(), torch.arange(6), -torch.arange(6)))
+    # without a dtype the fill decides it: a bool is a constant (another graph), values stay eager's
+    assert_eager(torch.full((2,), True, device="ltc:0"), torch.full((2,), True))
+    assert_eager(torch.full((2,), 3, device="ltc:0"), torch.full((2,), 3))

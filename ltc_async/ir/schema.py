@@ -58,6 +58,7 @@ def _arg_kind(t: torch._C.JitType) -> int:
     return NUM_CONST if _holds_numbers(t) else CONST
 
 
+_FILLS = {"aten::full": "fill_value", "aten::scalar_tensor": "s"}
 _COPIED = {"slice_scatter": ("src",), "select_scatter": ("src",), "diagonal_scatter": ("src",),
            "as_strided_scatter": ("src",),
            "resize_as": ("the_template",), "resize_as_": ("the_template",)}
@@ -69,7 +70,7 @@ class OpInfo:
     __slots__ = ("op", "name", "qualname", "counter", "identity", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded", "n_args", "default_tails",
                  "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin",
-                 "index_lists", "copied")
+                 "index_lists", "copied", "fill_scalars", "fill_dtype")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -107,6 +108,15 @@ class OpInfo:
         # (`slice_scatter` and kin are `clone` + `copy_`, `resize_as` reads a shape)
         wanted = _COPIED.get(schema.name.split("::")[-1], ())
         self.copied = frozenset(i for i, a in enumerate(schema.arguments) if a.name in wanted)
+        # A factory's Scalars are constants (`arange`'s decide its shape), except a fill value:
+        # `full`'s and `scalar_tensor`'s stay runtime scalars, so a flag made with
+        # `torch.full((n,), is_done, dtype=torch.bool)` (transformers' stopping criteria) does
+        # not make a new graph when it turns True.  `fill_dtype`: the dtype argument, which
+        # must be given for a bool fill to travel as an int (else the fill decides the dtype).
+        fill = _FILLS.get(schema.name) if self.is_factory else None
+        self.fill_scalars = frozenset(i for i, a in enumerate(schema.arguments)
+                                      if fill and a.name == fill and self.kinds[i] == SCALAR)
+        self.fill_dtype = self.index_of.get("dtype") if self.fill_scalars else None
         self.has_generator = GENERATOR in self.kinds
         tags = op.tags
         self.seeded = torch.Tag.nondeterministic_seeded in tags

@@ -187,8 +187,13 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
             tv = type(v)
             if tv is int and not -_INT64 <= v < _INT64:
                 wide = True
-            if is_factory or (tv is not int and tv is not float):  # bools stay constants:
-                template.append(exact(v))  # TorchScript has no bool Scalar; factories: scalars can decide shapes (arange)
+            if is_factory and len(template) in info.fill_scalars:   # a fill value (schema.py)
+                if tv is bool and full[info.fill_dtype] is not None:
+                    v, tv = int(v), int
+            if (is_factory and len(template) not in info.fill_scalars) or (tv is not int and tv is not float):
+                # bools stay constants: TorchScript has no bool Scalar; a factory's scalars
+                # can decide its shape (arange)
+                template.append(exact(v))
             else:
                 template.append(_sref(len(scalars), tv))
                 scalars.append(v)
@@ -426,11 +431,14 @@ def make_plan(func: Any, info: OpInfo) -> Any:
             if factory:
                 src += [f"    if ctx is None and type({a}) is _device and {a}.type == 'ltc':",
                         f"        ctx = _arena_get({a})"]
-        elif k == NUM_CONST or (k == K_SCALAR and factory):
+        elif k == NUM_CONST or (k == K_SCALAR and factory and i not in info.fill_scalars):
             src += [f"    if _is_wide({a}):",
                     f"        return _trace(func, info, {full})",
                     f"    {e} = exact({a})"]
         else:  # a Scalar: a runtime scalar, keyed by type (bools and complex numbers stay constants)
+            if i in info.fill_scalars:   # a factory's fill value: a bool travels as an int (trace)
+                src += [f"    if type({a}) is bool and a{info.fill_dtype} is not None:",
+                        f"        {a} = int({a})"]
             src += [f"    t = type({a})",
                     f"    if t is float or (t is int and -_INT64 <= {a} < _INT64):",
                     f"        {e} = _SREFS[t][len(sc)] if len(sc) < 64 else (SCALAR, len(sc), t)",
