@@ -1,5 +1,6 @@
 """Ops whose output size depends on values stay on the device (issue 18): nonzero, torch.where(c),
-boolean indexing and masked writes, masked_select, bincount, unique, repeat_interleave.
+boolean indexing and masked writes, masked_select, bincount, unique, unique_consecutive,
+repeat_interleave.
 
 Each program runs eagerly on the CPU and on `ltc:0` from the same data; values (and gradients)
 must match, with no eager fallback and at most one size read per data-dependent op.
@@ -94,6 +95,9 @@ def test_bincount_unique_repeat_interleave():
     assert_like_eager(lambda i, w: torch.bincount(i, w, minlength=12), IDS, torch.rand(40), reads=1)
     assert_like_eager(lambda i: torch.unique(i), IDS, reads=1)
     assert_like_eager(lambda i: torch.unique(i.view(5, 8), return_inverse=True, return_counts=True),
+                      IDS, reads=1)
+    assert_like_eager(lambda i: torch.unique_consecutive(i.sort().values), IDS, reads=1)
+    assert_like_eager(lambda i: torch.unique_consecutive(i.view(5, 8), return_inverse=True, return_counts=True),
                       IDS, reads=1)
     assert_like_eager(lambda r: torch.repeat_interleave(r), torch.tensor([2, 0, 3]), reads=1)
     assert_like_eager(with_grad(lambda a, r: torch.repeat_interleave(a, r, dim=0)), X,

@@ -1,9 +1,10 @@
 """Ops whose output *size* depends on values, computed on the device with one small size read.
 
-Design note.  Eager runs `nonzero`, `masked_select`, boolean indexing, `unique`, `bincount` and
-`repeat_interleave(repeats)` as one kernel that sizes its output from the data.  Shape inference
-cannot (there is no value at trace time), so these ops took the eager fallback: the step's graph
-cut, every input read to the host, the result uploaded.  Here each becomes
+Design note.  Eager runs `nonzero`, `masked_select`, boolean indexing, `unique` (and
+`unique_consecutive`), `bincount` and `repeat_interleave(repeats)` as one kernel that sizes its
+output from the data.  Shape inference cannot (there is no value at trace time), so these ops
+took the eager fallback: the step's graph cut, every input read to the host, the result
+uploaded.  Here each becomes
 
 1. a count computed on the device (`count_nonzero`, a sum, a max) and read to the host: one
    0-dim read, of the count's own small graph only (`graph_executor.materialize`), so the rest of
@@ -237,10 +238,25 @@ def _unique2(func: Any, x: Any, is_sorted: Any, return_inverse: Any,
         # unsorted order is the CPU kernel's hash order: eager's answer.  (NaNs sort last and
         # compare unequal, so each stays its own value, as in eager's sorted unique.)
         return _traced(func, x, is_sorted, return_inverse, return_counts)
-    flat = _op(aten.view_copy.default, _op(aten.clone.default, x,
-                                           memory_format=torch.contiguous_format), [-1])
-    values, perm = _op(aten.sort.default, flat)
-    m = flat.shape[0]
+    values, perm = _op(aten.sort.default, _flat(x))
+    return _runs(func, x, values, perm, return_inverse, return_counts)
+
+
+def _unique_consecutive(func: Any, x: Any, return_inverse: Any, return_counts: Any, dim: Any) -> Any:
+    if dim is not None or x.dtype.is_complex:
+        return _traced(func, x, return_inverse, return_counts, dim)   # eager, per slice
+    return _runs(func, x, _flat(x), None, return_inverse, return_counts)
+
+
+def _flat(x: Any) -> Any:
+    return _op(aten.view_copy.default, _op(aten.clone.default, x, memory_format=torch.contiguous_format), [-1])
+
+
+def _runs(func: Any, x: Any, values: Any, perm: Any, return_inverse: Any, return_counts: Any) -> Any:
+    """`unique`'s outputs from `values`, the flat elements in an order where equal ones are
+    adjacent (sorted: `perm` maps them back to `x`; None: `x`'s own order, `unique_consecutive`):
+    the first element of each run of equal values, one size read for their number."""
+    m = values.shape[0]
     if m == 0:
         first = _op(aten.ones_like.default, values, dtype=torch.bool)
     else:
@@ -251,11 +267,12 @@ def _unique2(func: Any, x: Any, is_sorted: Any, return_inverse: Any,
     where = _op(aten.view_copy.default, _nonzero(func, first), [-1])
     n = where.shape[0]
     out = _op(aten.index_select.default, values, 0, where)
-    group = _op(aten.sub.Tensor, _op(aten.cumsum.default, first, 0), 1)   # long, per sorted slot
+    group = _op(aten.sub.Tensor, _op(aten.cumsum.default, first, 0), 1)   # long, per slot of `values`
     empty = _op(aten.zeros.default, [0], dtype=torch.long, device=x.device)
     inverse = empty
     if return_inverse:
-        inv = _op(aten.scatter.src, _op(aten.zeros_like.default, group), 0, perm, group)
+        inv = group if perm is None else \
+            _op(aten.scatter.src, _op(aten.zeros_like.default, group), 0, perm, group)
         inverse = _op(aten.view_copy.default, inv, list(x.shape))
     counts = empty
     if return_counts:
@@ -304,6 +321,7 @@ register_handlers({
     aten.masked_select.default: _bound(_masked_select),
     aten.bincount.default: _bound(_bincount),
     aten._unique2.default: _bound(_unique2),
+    aten.unique_consecutive.default: _bound(_unique_consecutive),
     aten.repeat_interleave.Tensor: _bound(_repeat_interleave),
     aten._ctc_loss.Tensor: _bound(_ctc_loss),
     aten._ctc_loss_backward.Tensor: _bound(_ctc_loss_backward),

@@ -1,0 +1,371 @@
+"""Everyday PyTorch features, each as a short user program run on eager CPU and on `ltc:0` with
+the same data: every returned value must agree (dtype, shape, values), and none but the few
+listed ops may take the eager fallback.
+
+The programs are what users write around a model rather than the model itself: attention
+modules and `nn.TransformerEncoder` (its nested-tensor fast path in eval mode), `torch.func`,
+double backward, checkpointing, linear algebra, FFTs, complex numbers, sorting, scatter
+reductions, gradient clipping, weight and spectral norm, interpolation, transposed convolution,
+embeddings, distributions, AMP's `GradScaler`, LBFGS and LR schedules, `einsum`, strided views
+written in place, boolean masks, `.item()` control flow, gradient hooks, losses with their
+options, SDPA, data-dependent ops, `torch.compile` with a graph break.  Random tensors are made
+on the host (a lazy device draws its own numbers, as CUDA does) and moved with `.to(device)`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ltc_async as ltc
+
+PROGRAMS: dict[str, Callable[[str], Any]] = {}
+# ops that these programs may run eagerly (no device lowering yet), by program: none today
+ALLOWED_FALLBACKS: dict[str, set[str]] = {}
+
+
+def program(fn: Callable[[str], Any]) -> Callable[[str], Any]:
+    PROGRAMS[fn.__name__] = fn
+    return fn
+
+
+@program
+def multihead_attention(d):
+    m = nn.MultiheadAttention(16, 4, batch_first=True).to(d)
+    x = torch.randn(2, 5, 16).to(d)
+    out, w = m(x, x, x, need_weights=True)
+    out.sum().backward()
+    return out, w, m.in_proj_weight.grad
+
+
+@program
+def transformer_encoder_eval_fast_path(d):
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)
+    enc = nn.TransformerEncoder(layer, 2).to(d).eval()
+    x = torch.randn(2, 5, 16).to(d)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2]).to(d)
+    with torch.no_grad():
+        return enc(x, src_key_padding_mask=mask)
+
+
+@program
+def transformer_encoder_training(d):
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)
+    enc = nn.TransformerEncoder(layer, 2).to(d)
+    y = enc(torch.randn(2, 5, 16).to(d))
+    y.pow(2).mean().backward()
+    return y, enc.layers[0].linear1.weight.grad
+
+
+@program
+def torch_func_vmap_grad_jacrev(d):
+    from torch.func import grad, jacrev, vmap
+    w = torch.randn(3, 3).to(d)
+    x = torch.randn(4, 3).to(d)
+    return vmap(grad(lambda x: (x @ w).tanh().sum()))(x), jacrev(lambda x: (x @ w).sin())(x[0])
+
+
+@program
+def double_backward(d):
+    x = torch.randn(5).to(d).requires_grad_()
+    g, = torch.autograd.grad((x ** 3).sum(), x, create_graph=True)
+    g2, = torch.autograd.grad(g.sum(), x)
+    return g, g2
+
+
+@program
+def checkpoint_non_reentrant(d):
+    from torch.utils.checkpoint import checkpoint
+    lin = nn.Linear(8, 8).to(d)
+    x = torch.randn(4, 8).to(d).requires_grad_()
+    y = checkpoint(lambda t: lin(t).relu(), x, use_reentrant=False)
+    y.sum().backward()
+    return y, lin.weight.grad, x.grad
+
+
+@program
+def linear_algebra(d):
+    a = torch.randn(4, 4).to(d)
+    spd = a @ a.T + 4 * torch.eye(4).to(d)
+    return (torch.linalg.inv(spd), torch.linalg.cholesky(spd), torch.linalg.solve(spd, a),
+            torch.linalg.det(spd), torch.linalg.norm(a), torch.linalg.qr(a)[1].abs(),
+            torch.linalg.eigvalsh(spd))
+
+
+@program
+def fft(d):
+    x = torch.randn(8, 16).to(d)
+    return torch.fft.rfft(x).abs(), torch.fft.irfft(torch.fft.rfft(x), n=16)
+
+
+@program
+def complex_numbers(d):
+    x = torch.randn(4, dtype=torch.complex64).to(d)
+    return (x * x.conj()).real, torch.view_as_real(x), x.abs(), x.angle()
+
+
+@program
+def sorts_cumulative_unique_consecutive(d):
+    x = torch.randint(0, 5, (20,)).float().to(d)
+    s = torch.sort(x, stable=True)
+    return (s.values, s.indices, x.argsort(stable=True), x.topk(3).values, x.cumsum(0),
+            x.cumprod(0), torch.unique_consecutive(x.sort().values))
+
+
+@program
+def scatter_reduce(d):
+    src = torch.randn(10).to(d)
+    idx = torch.tensor([0, 1, 0, 2, 1, 3, 3, 0, 2, 1]).to(d)
+    return (torch.zeros(4).to(d).scatter_reduce(0, idx, src, "amax", include_self=False),
+            torch.zeros(4).to(d).scatter_reduce(0, idx, src, "mean"))
+
+
+@program
+def clip_grad_norm(d):
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(d)
+    m(torch.randn(3, 8).to(d)).sum().backward()
+    return nn.utils.clip_grad_norm_(m.parameters(), 0.1), m[0].weight.grad
+
+
+@program
+def weight_and_spectral_norm(d):
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+    m = weight_norm(nn.Linear(6, 4)).to(d)
+    s = spectral_norm(nn.Linear(6, 4)).to(d)
+    x = torch.randn(3, 6).to(d)
+    y = m(x) + s(x)
+    y.sum().backward()
+    return y, m.parametrizations.weight.original0.grad
+
+
+@program
+def interpolate(d):
+    x = torch.randn(1, 2, 5, 5).to(d).requires_grad_()
+    y = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+    z = F.interpolate(x, size=(7, 7), mode="nearest")
+    w = F.interpolate(x, scale_factor=1.5, mode="bicubic", align_corners=True)
+    (y.sum() + z.sum() + w.sum()).backward()
+    return y, z, w, x.grad
+
+
+@program
+def conv_transpose_group_norm_pixel_shuffle(d):
+    m = nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2), nn.GroupNorm(2, 4), nn.PixelShuffle(2)).to(d)
+    y = m(torch.randn(2, 3, 5, 5).to(d))
+    y.sum().backward()
+    return y, m[0].weight.grad
+
+
+@program
+def embeddings(d):
+    e = nn.Embedding(10, 4, padding_idx=0).to(d)
+    e(torch.tensor([[0, 2, 3], [4, 0, 9]]).to(d)).sum().backward()
+    bag = nn.EmbeddingBag(10, 4, mode="mean").to(d)
+    return e.weight.grad, bag(torch.tensor([1, 2, 4, 5, 4, 3]).to(d), torch.tensor([0, 3]).to(d))
+
+
+@program
+def distributions(d):
+    from torch.distributions import Categorical, Normal, kl_divergence
+    mu, sd = torch.randn(3).to(d), (torch.rand(3) + 0.5).to(d)
+    n, c = Normal(mu, sd), Categorical(logits=torch.randn(3, 4).to(d))
+    return (n.log_prob(torch.zeros(3).to(d)), kl_divergence(n, Normal(0 * mu, sd)), c.entropy(),
+            c.log_prob(torch.tensor([0, 1, 3]).to(d)))
+
+
+@program
+def grad_scaler_with_autocast(d):
+    kind = d.split(":")[0]
+    m = nn.Linear(4, 2).to(d)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(kind, init_scale=1024.0)
+    for _ in range(2):
+        opt.zero_grad()
+        with torch.autocast(kind, dtype=torch.bfloat16):
+            loss = m(torch.randn(3, 4).to(d)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return m.weight.detach(), torch.tensor(scaler.get_scale())
+
+
+@program
+def lbfgs_with_closure(d):
+    x = torch.zeros(2).to(d).requires_grad_()
+    target = torch.tensor([1.0, -2.0]).to(d)
+    opt = torch.optim.LBFGS([x], lr=0.5, max_iter=5)
+
+    def closure():
+        opt.zero_grad()
+        loss = ((x - target) ** 2).sum()
+        loss.backward()
+        return loss
+    for _ in range(3):
+        opt.step(closure)
+    return x.detach()
+
+
+@program
+def adam_one_cycle_schedule(d):
+    m = nn.Linear(4, 1).to(d)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    for _ in range(5):
+        opt.zero_grad()
+        m(torch.ones(2, 4).to(d)).sum().backward()
+        opt.step()
+        sched.step()
+        if d != "cpu":
+            ltc.mark_step()
+    return m.weight.detach(), m.bias.detach()
+
+
+@program
+def einsum_tensordot(d):
+    a, b = torch.randn(2, 3, 4).to(d), torch.randn(2, 4, 5).to(d)
+    return (torch.einsum("bij,bjk->bik", a, b), torch.einsum("bii->b", torch.randn(2, 3, 3).to(d)),
+            torch.tensordot(a, b, dims=([0, 2], [0, 1])))
+
+
+@program
+def strided_views_written_in_place(d):
+    x = torch.arange(24.0).reshape(4, 6).to(d)
+    y = x[:, ::2].t().contiguous()
+    z = x.unfold(1, 3, 2)
+    x[1:3, ::3] = -1
+    return y, z, x, x.diagonal(), torch.roll(x, 2, 1), x.flip(0), x.as_strided((2, 6), (6, 1), 6)
+
+
+@program
+def boolean_masks(d):
+    x = torch.randn(10).to(d)
+    m = x > 0
+    return (x[m], x.masked_fill(~m, 0), m.any(), m.all(), m.sum(), torch.nonzero(m),
+            torch.count_nonzero(m), x.clamp(min=-0.5, max=0.5))
+
+
+@program
+def item_driven_control_flow(d):
+    x = torch.randn(10).to(d)
+    s = 0.0
+    for i in range(3):
+        s += float(x[i]) if x[i].item() > 0 else -float(x.max())
+    return torch.tensor(s), torch.tensor(x.tolist()[:3]), torch.tensor(len(x.nonzero()))
+
+
+@program
+def gradient_hooks_and_retain_grad(d):
+    m = nn.Linear(4, 3).to(d)
+    seen = []
+    m.weight.register_hook(lambda g: g * 2)
+    x = torch.randn(2, 4).to(d).requires_grad_()
+    h = m(x)
+    h.retain_grad()
+    h.register_hook(lambda g: seen.append(g.clone()))
+    h.tanh().sum().backward()
+    return m.weight.grad, h.grad, seen[0], x.grad
+
+
+@program
+def losses_with_options(d):
+    logits = torch.randn(6, 5).to(d).requires_grad_()
+    t = torch.tensor([0, 4, -100, 2, 1, 4]).to(d)
+    l1 = F.cross_entropy(logits, t, label_smoothing=0.1, ignore_index=-100)
+    l2 = F.binary_cross_entropy_with_logits(logits, torch.rand(6, 5).to(d), pos_weight=torch.full((5,), 2.0).to(d))
+    l3 = F.smooth_l1_loss(logits, torch.zeros(6, 5).to(d), beta=0.5) + F.kl_div(
+        logits.log_softmax(-1), torch.softmax(torch.randn(6, 5), -1).to(d), reduction="batchmean")
+    (l1 + l2 + l3).backward()
+    return l1, l2, l3, logits.grad
+
+
+@program
+def scaled_dot_product_attention(d):
+    q = torch.randn(2, 3, 5, 8).to(d).requires_grad_()
+    k, v = torch.randn(2, 3, 5, 8).to(d), torch.randn(2, 3, 5, 8).to(d)
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    masked = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 5, dtype=torch.bool).tril().to(d))
+    (causal.sum() + masked.sum()).backward()
+    return causal, masked, q.grad
+
+
+@program
+def data_dependent_ops(d):
+    x = torch.tensor([3, 1, 3, 2, 1, 1]).to(d)
+    u, inverse, counts = x.unique(return_inverse=True, return_counts=True)
+    f = torch.randn(6).to(d)
+    return (u, inverse, counts, torch.bincount(x, minlength=5),
+            torch.bucketize(f, torch.tensor([-1.0, 0.0, 1.0]).to(d)),
+            torch.searchsorted(torch.tensor([0.0, 1.0, 2.0]).to(d), f),
+            torch.histc(f, bins=4, min=-2, max=2), F.one_hot(x), torch.where(x > 1))
+
+
+@program
+def distances_indices_flat_parameters(d):
+    a, b = torch.randn(4, 3).to(d), torch.randn(5, 3).to(d)
+    m = nn.Linear(3, 2).to(d)
+    return (torch.cdist(a, b), torch.triu_indices(3, 3, device=d),
+            nn.utils.parameters_to_vector(m.parameters()),
+            torch.index_reduce(torch.ones(3).to(d), 0, torch.tensor([0, 0, 2]).to(d),
+                               torch.tensor([2.0, 3.0, 4.0]).to(d), "prod"))
+
+
+@program
+def compile_with_a_graph_break(d):
+    def f(x):
+        y = x.sin() * 2
+        if y.sum() > 0:   # data-dependent: a graph break
+            y = y + 1
+        return y.cos()
+    compiled = torch.compile(f, backend="ltc" if d != "cpu" else "eager")
+    x = torch.randn(4).to(d)
+    return compiled(x), compiled(x + 1)
+
+
+@program
+def copies_to_the_host(d):
+    x = torch.arange(6.0).to(d) * 3
+    y = x.to("cpu", non_blocking=True)
+    if d != "cpu":
+        ltc.wait_device_ops()
+    z = torch.empty(6)
+    z.copy_(x)
+    return y, z
+
+
+def _flat(v: Any) -> list:
+    if isinstance(v, (list, tuple)):
+        return [x for e in v for x in _flat(e)]
+    return [v]
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_everyday_feature_matches_eager(name):
+    fn = PROGRAMS[name]
+    torch.manual_seed(0)
+    want = _flat(fn("cpu"))
+    torch.manual_seed(0)
+    ltc.metrics.reset()
+    got = _flat(fn("ltc:0"))
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(w, torch.Tensor):
+            assert isinstance(g, torch.Tensor), f"output {i}: {type(g).__name__}"
+            h = g.detach().cpu()
+            assert (h.dtype, h.shape) == (w.dtype, w.shape), f"output {i}: {h.dtype} {tuple(h.shape)}"
+            if w.is_floating_point() or w.is_complex():
+                torch.testing.assert_close(h, w.detach(), atol=1e-3 if "scaler" in name else 1e-4,
+                                           rtol=1e-3 if "scaler" in name else 1e-4, equal_nan=True,
+                                           msg=lambda m: f"output {i}: {m}")
+            else:
+                assert torch.equal(h, w), f"output {i}: {h} != {w}"
+        elif isinstance(w, float):
+            assert math.isclose(g, w, rel_tol=1e-5), f"output {i}: {g} != {w}"
+        else:
+            assert g == w, f"output {i}: {g} != {w}"
+    fallbacks = {n.split("::", 1)[1] for n in ltc.metrics.counter_names()
+                 if n.startswith("EagerFallback::") and ltc.metrics.counter_value(n)}
+    assert fallbacks <= ALLOWED_FALLBACKS.get(name, set()), f"eager fallbacks: {sorted(fallbacks)}"
