@@ -94,6 +94,17 @@ def test_mixing_devices_raises_at_the_line(other):
     _device_still_works("ltc:1")
 
 
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+def test_sparse_tensors_are_refused_at_the_move(layout):
+    """Lazy tensors are dense: a sparse tensor moving to `ltc:0` raises there, naming the way out,
+    instead of travelling as a value that breaks a later execution; its dense form moves."""
+    dense = torch.tensor([[0.0, 3.0], [4.0, 0.0]])
+    sparse = dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()
+    with pytest.raises(RuntimeError, match=f"{layout} tensor on an ltc device.*to_dense"):
+        sparse.to(DEV)
+    torch.testing.assert_close((sparse.to_dense().to(DEV) + 1).cpu(), dense + 1)
+
+
 def test_cpu_scalar_tensor_mixes_like_eager():
     a = torch.arange(3.0, device=DEV)
     torch.testing.assert_close((a * torch.tensor(2.0)).cpu(), torch.arange(3.0) * 2)

@@ -51,6 +51,11 @@ def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
     """Device data for a host tensor (copied: later host writes do not leak in)."""
     if host.device.type == "ltc":  # a functional wrapper on another lazy device
         return transfer(unwrap(host), ctx)
+    if host.layout is not torch.strided and not host.is_nested:
+        # a sparse (or mkldnn) value would travel as device data claiming a dense layout, and
+        # fail only at a later execution, with an error naming no line of the user's
+        raise RuntimeError(f"ltc_async: a {host.layout} tensor cannot move to {ctx.device}: lazy "
+                           f"tensors are dense (torch.strided); convert it first, e.g. with .to_dense()")
     if host.dim() == 0:
         return _upload_scalar(ctx, host, TensorMeta((), (), host.dtype))
     counters.counter("UploadTensor")

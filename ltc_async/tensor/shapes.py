@@ -115,6 +115,8 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
     metas: list[TensorMeta] = []
     spec: list[Any] = []
     for r in (out if isinstance(out, tuple) else (out,)):
+        if isinstance(r, torch.Tensor) and r.layout is not torch.strided:
+            raise _not_dense(info, r.layout)
         if r is None:
             spec.append(False)
         elif isinstance(r, torch.Tensor):
@@ -124,6 +126,13 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
             spec.append(len(r))
             metas.extend(TensorMeta(tuple(e.shape), tuple(e.stride()), e.dtype) for e in r)
     return tuple(metas), (ONE if spec == [None] else tuple(spec))
+
+
+def _not_dense(info: OpInfo, layout: Any) -> RuntimeError:
+    """A sparse (or other non-strided) result, which a lazy tensor cannot hold: `.to("ltc:0")` of
+    a sparse tensor builds one from its uploaded indices and values."""
+    return RuntimeError(f"ltc_async: {info.name} would make a {layout} tensor on an ltc device: lazy "
+                        f"tensors are dense (torch.strided); convert it first, e.g. with .to_dense()")
 
 
 def _lazy_inputs(full: list) -> list[LtcTensor]:
