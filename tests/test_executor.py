@@ -61,12 +61,12 @@ def test_graph_hash_ignores_values():
 def test_eager_fallback_is_counted_and_correct(metrics):
     x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -3.0]])
     lx = x.to("ltc:0")
-    runs = torch.unique_consecutive(lx.flatten())   # no lowering: runs eagerly on device data
+    runs = torch.unique_consecutive(lx, dim=1)   # no lowering along a dim: eagerly on device data
     sel = lx[lx != 0] * 2            # boolean mask indexing: on the device (one size read)
     assert metrics.counter_value("EagerFallback") == 1
     assert metrics.counter_value("EagerFallback::unique_consecutive") == 1
     assert metrics.counter_value("SizeRead::nonzero") == 1
-    assert_eager(runs, torch.unique_consecutive(x.flatten()))
+    assert_eager(runs, torch.unique_consecutive(x, dim=1))
     assert_eager(sel, x[x != 0] * 2)
 
 

@@ -23,6 +23,7 @@ racing miss runs the meta kernel twice and keeps one equal answer.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -102,6 +103,7 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         # can tell, so the op runs eagerly
         if info.dynamic_shape and "meta" in str(e).lower():
             return FALLBACK
+        _raise_eagers_error(func, info, full)   # eager's words for the same mistake, if it agrees
         raise
     if not info.seeded:
         eager = _run_like_eager(func, info, full, out)
@@ -171,6 +173,10 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
     if func is _COPY:  # converting dtypes is what it is for
         return None
     inputs = _lazy_inputs(full)
+    if inputs and all(0 in t._m.shape for t in inputs) and not info.seeded:
+        # empty inputs: stand-ins are exact (no values), and meta kernels skip checks eager makes
+        # (`max()` of an empty tensor: "Expected reduction dim to be specified")
+        return call(func, info, [_real(v, inputs[0]._ctx.backend_device) for v in full])
     floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
     several = isinstance(out, (tuple, list)) and len(out) > 1 and not floats.isdisjoint(_LOW)
     # a bool or integer input, or an op defined for integers only (meta takes floats)
@@ -185,6 +191,26 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
         if not exact or len(floats) >= 2 or several or _about_dtypes(str(e), inputs):
             raise
         return None  # an error of the stand-ins' zero values (a zero-sum multinomial, ...)
+
+
+_STAND_IN_BYTES = 64 << 20   # eager's re-run of a failed call allocates its inputs as zeros
+
+
+def _raise_eagers_error(func: Any, info: OpInfo, full: list) -> None:
+    """A call meta refused: run it by eager on stand-ins and raise eager's error where eager
+    refuses it too (the messages users know: "mat1 and mat2 shapes cannot be multiplied"
+    rather than the meta kernel's "a and b must have same reduction dim").  Returns when eager
+    takes it (an error of the stand-ins' values is not the user's: meta's error stands) or the
+    inputs are too large to make."""
+    inputs = _lazy_inputs(full)
+    if not inputs or info.seeded or sum(math.prod(t._m.shape) * t._m.dtype.itemsize for t in inputs) > _STAND_IN_BYTES:
+        return
+    try:
+        call(func, info, [_real(v, inputs[0]._ctx.backend_device) for v in full])
+    except (RuntimeError, IndexError, ValueError, TypeError) as e:
+        raise e.with_traceback(None) from None
+    except Exception:  # noqa: BLE001 - anything else: meta's error stands
+        return
 
 
 def _real(v: Any, device: torch.device) -> Any:
