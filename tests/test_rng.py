@@ -87,6 +87,28 @@ def test_explicit_cpu_generator_reproducible():
     assert not torch.equal(a.cpu(), c.cpu())
 
 
+@pytest.mark.skipif(not __import__("ltc_async.patches.native", fromlist=["x"]).loaded,
+                    reason="torch.Generator(device='ltc:N') needs the optional native hooks (make setup builds them)")
+def test_a_generator_on_the_device_as_sampling_code_makes_one():
+    """`torch.Generator(device=x.device).manual_seed(s)` (diffusers' pipelines, samplers): a
+    generator on `ltc:0`; seeding it again repeats the draws, its state saves and restores them,
+    and each draw advances it."""
+    x = torch.zeros(3, device=DEV)
+    g = torch.Generator(device=x.device).manual_seed(7)
+    assert g.device == torch.device(DEV) and g.initial_seed() == 7
+    a = torch.randn(20, device=DEV, generator=g)
+    noise = torch.rand(8, device=DEV, generator=g)
+    g.manual_seed(7)
+    torch.testing.assert_close(torch.randn(20, device=DEV, generator=g).cpu(), a.cpu(), rtol=0, atol=0)
+    state = g.get_state()
+    c = torch.randint(0, 1000, (10,), device=DEV, generator=g)
+    g.set_state(state)
+    assert torch.equal(torch.randint(0, 1000, (10,), device=DEV, generator=g).cpu(), c.cpu())
+    assert not torch.equal(torch.randint(0, 1000, (10,), device=DEV, generator=g).cpu(), c.cpu())
+    assert ((noise.cpu() >= 0) & (noise.cpu() < 1)).all()
+    assert torch.Generator(device="ltc:1").device == torch.device("ltc:1")
+
+
 # -- freshness ----------------------------------------------------------------------------------
 
 def test_consecutive_steps_draw_fresh_numbers():

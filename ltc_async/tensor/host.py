@@ -20,6 +20,7 @@ wholesale when large).  Reads and fallbacks wait only for the executions they ne
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -43,8 +44,21 @@ def seed_from(ctx: DeviceContext, gen: Any) -> int:
         return ctx.next_seed()
     if isinstance(gen, torch.Generator) and gen.device.type == "cpu":
         return int(torch.randint(0, 1 << 62, (), generator=gen))
-    raise RuntimeError(f"ltc_async: unsupported generator {gen!r}; pass a CPU torch.Generator or none "
-                       "(lazy devices draw from a per-device generator seeded by torch.manual_seed)")
+    if isinstance(gen, torch.Generator) and gen.device.type == "ltc":
+        # `torch.Generator(device="ltc:0")` (the native hooks make one): a CPU generator's engine
+        # and state on an ltc device.  Draw on a CPU twin of its state, then advance it.
+        with _generator_lock:
+            twin = torch.Generator()
+            twin.set_state(gen.get_state())
+            seed = int(torch.randint(0, 1 << 62, (), generator=twin))
+            gen.set_state(twin.get_state())
+        return seed
+    raise RuntimeError(f"ltc_async: unsupported generator {gen!r}; pass a CPU torch.Generator, one made "
+                       "with torch.Generator(device='ltc:N'), or none (lazy devices draw from a "
+                       "per-device generator seeded by torch.manual_seed)")
+
+
+_generator_lock = threading.Lock()   # a user's ltc generator shared by threads: one draw at a time
 
 
 def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:

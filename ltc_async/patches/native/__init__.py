@@ -15,15 +15,24 @@ those two DDP options works as before.  `LTC_ASYNC_NATIVE=0` turns the loading o
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sys
+import warnings
 
 import torch
 
 NAME = "ltc_async_pinned_hooks"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pinned_hooks.cpp")
 loaded = False   # the C++ hooks are the process's PrivateUse1 hooks
+
+
+def source_hash() -> str:
+    """What a build was made from: a build of another version of `pinned_hooks.cpp` (an older
+    ltc_async's, in the shared cache directory) is not loaded."""
+    with open(SOURCE, "rb") as f:
+        return "h" + hashlib.sha256(f.read()).hexdigest()[:16]   # an identifier: passed as -D
 
 
 def build_dir() -> str:
@@ -50,6 +59,11 @@ def load() -> bool:
         spec = importlib.util.spec_from_file_location(NAME, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        if getattr(module, "source_hash", None) != source_hash():
+            warnings.warn("ltc_async: the native hooks in the cache were built from another version "
+                          "of their source and are not loaded; rebuild them with "
+                          "`python -m ltc_async.patches.native`", RuntimeWarning, stacklevel=2)
+            return False
         module.install()
     except (ImportError, OSError, RuntimeError):   # a stale or foreign build: Python hooks only
         return False
@@ -63,5 +77,6 @@ def build(verbose: bool = False) -> str:
         cpp_extension,  # deliberately lazy: only the build step needs it
     )
     os.makedirs(build_dir(), exist_ok=True)
-    cpp_extension.load(name=NAME, sources=[SOURCE], build_directory=build_dir(), verbose=verbose)
+    cpp_extension.load(name=NAME, sources=[SOURCE], build_directory=build_dir(), verbose=verbose,
+                       extra_cflags=[f"-DLTC_SOURCE_HASH={source_hash()}"])
     return _library()

@@ -6,14 +6,22 @@
 // static_graph=True stages its used-parameter map through `empty_like(..., pin_memory=true)`
 // and asserts `is_pinned()` for any PrivateUse1 device.  These hooks answer what the Python ones
 // do and add a host allocator whose blocks report as pinned (ltc devices compute on the host, or
-// on CUDA, whose own pinned allocator PyTorch prefers when it is present).  PyTorch takes one
+// on CUDA, whose own pinned allocator PyTorch prefers when it is present), and generators:
+// `torch.Generator(device="ltc:0")` (a pattern of sampling code: `torch.Generator(x.device)`)
+// asks the hooks for one.  It is a CPU generator (the same Mersenne Twister and state format)
+// that reports the ltc device; a random op given one draws its seed from it
+// (`tensor/host.py`, `seed_from`), so seeding it reproduces the op's values.  PyTorch takes one
 // hooks object per process, so `ltc_async/patches/native/__init__.py` installs these before the Python
 // ones when this file has been built (`python -m ltc_async.native`, run by `make setup`).
 #include <torch/extension.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
 #include <mutex>
 #include <unordered_set>
+
+#define LTC_STR2(x) #x
+#define LTC_STR(x) LTC_STR2(x)
 
 namespace {
 std::mutex mu;
@@ -49,6 +57,22 @@ struct HostAllocator final : c10::Allocator {
 };
 HostAllocator allocator;
 
+// A CPU generator on an ltc device: CPUGeneratorImpl's engine and state, the device and key of
+// PrivateUse1 (protected members of GeneratorImpl, set once here).
+struct LtcGenerator final : at::CPUGeneratorImpl {
+  explicit LtcGenerator(c10::DeviceIndex index) {
+    device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+
+ private:
+  LtcGenerator* clone_impl() const override {
+    auto* g = new LtcGenerator(device_.index());
+    g->set_state(*get_state());
+    return g;
+  }
+};
+
 struct Hooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
@@ -58,6 +82,9 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     return live.count(data) > 0;
   }
   at::Allocator* getPinnedMemoryAllocator() const override { return &allocator; }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return at::make_generator<LtcGenerator>(index < 0 ? 0 : index);
+  }
 };
 }  // namespace
 
@@ -65,4 +92,5 @@ void install() { at::RegisterPrivateUse1HooksInterface(new Hooks()); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "register these hooks (before any other)");
+  m.attr("source_hash") = LTC_STR(LTC_SOURCE_HASH);   // `native/__init__.py` loads only a current build
 }
