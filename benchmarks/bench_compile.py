@@ -104,8 +104,17 @@ def _transformers_case(name: str) -> tuple:
     return build, batch, loss, opt
 
 
+def _suite_case(name: str) -> tuple:
+    """A case of the real-workload suite (`tests/models/test_models.py`: its model, batch, loss
+    and optimizer), e.g. its CNNs."""
+    from benchmarks.cases import suite_cases
+    case, = suite_cases([name])
+    return case.build, case.batch, case.loss, case.optimizer
+
+
 CASES = {"mlp": _mlp_case, "gpt2": lambda: _transformers_case("gpt2"),
-         "bert": lambda: _transformers_case("bert")}
+         "bert": lambda: _transformers_case("bert"),
+         "resnet": lambda: _suite_case("resnet"), "mobilenet_v2": lambda: _suite_case("mobilenet_v2")}
 
 
 # -- engines ----------------------------------------------------------------------------------

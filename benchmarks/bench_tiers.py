@@ -1,6 +1,6 @@
 """Tiered compilation (issue 19): start like eager, run like Inductor.
 
-    python -m benchmarks.bench_tiers [--only gpt2,bert] [--engines eager,inductor,ltc,ltc-tiered,...]
+    python -m benchmarks.bench_tiers [--only gpt2,bert,resnet,mobilenet_v2,mlp] [--engines eager,inductor,ltc,ltc-tiered,...]
                                      [--steps 30] [--rounds 3] [--batch 8] [--seq 64]
 
 Every engine runs in a FRESH PROCESS per case (start-up is part of what is measured), twice:
@@ -51,11 +51,14 @@ def child(args: argparse.Namespace) -> None:
     warnings.simplefilter("always")
     caught = warnings.catch_warnings(record=True)
     seen = caught.__enter__()
-    build, _batch, loss_fn, make_opt = bc.CASES[args.case]()
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 128, (args.batch, args.seq), generator=g)
-    batch = {"input_ids": ids,
-             "labels": ids if args.case == "gpt2" else torch.randint(0, 3, (args.batch,), generator=g)}
+    build, case_batch, loss_fn, make_opt = bc.CASES[args.case]()
+    if args.case in ("gpt2", "bert"):   # batch x seq tokens
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 128, (args.batch, args.seq), generator=g)
+        batch = {"input_ids": ids,
+                 "labels": ids if args.case == "gpt2" else torch.randint(0, 3, (args.batch,), generator=g)}
+    else:                               # the case's own batch (the suite's CNNs: 8 images)
+        batch = case_batch()
     model_build_s = []
 
     def timed_build() -> torch.nn.Module:
