@@ -173,9 +173,10 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
     if func is _COPY:  # converting dtypes is what it is for
         return None
     inputs = _lazy_inputs(full)
-    if inputs and all(0 in t._m.shape for t in inputs) and not info.seeded:
+    if inputs and all(0 in t._m.shape for t in inputs) and not info.seeded and _small(out):
         # empty inputs: stand-ins are exact (no values), and meta kernels skip checks eager makes
-        # (`max()` of an empty tensor: "Expected reduction dim to be specified")
+        # (`max()` of an empty tensor: "Expected reduction dim to be specified").  Not where the
+        # result is large: `empty_buffer.new_zeros(n)` must not allocate n elements on the host
         return call(func, info, [_real(v, inputs[0]._ctx.backend_device) for v in full])
     floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
     several = isinstance(out, (tuple, list)) and len(out) > 1 and not floats.isdisjoint(_LOW)
@@ -211,6 +212,12 @@ def _raise_eagers_error(func: Any, info: OpInfo, full: list) -> None:
         raise e.with_traceback(None) from None
     except Exception:  # noqa: BLE001 - anything else: meta's error stands
         return
+
+
+def _small(out: Any) -> bool:
+    """Meta outputs of at most `_STAND_IN_BYTES` in all."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor)) <= _STAND_IN_BYTES
 
 
 def _real(v: Any, device: torch.device) -> Any:
