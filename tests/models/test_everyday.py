@@ -336,6 +336,108 @@ def copies_to_the_host(d):
     return y, z
 
 
+@program
+def module_forward_hooks(d):
+    m = nn.Linear(3, 3).to(d)
+    m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    m.register_forward_hook(lambda mod, args, out: out + 1)
+    y = m(torch.ones(2, 3).to(d))
+    y.sum().backward()
+    return y, m.weight.grad
+
+
+@program
+def optimizer_in_backward(d):
+    """`register_post_accumulate_grad_hook`: each parameter stepped as its gradient lands."""
+    m = nn.Linear(3, 2).to(d)
+    opts = {p: torch.optim.SGD([p], lr=0.1) for p in m.parameters()}
+
+    def step(p):
+        opts[p].step()
+        opts[p].zero_grad()
+    for p in m.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    for i in range(2):
+        m(torch.full((4, 3), float(i + 1)).to(d)).pow(2).sum().backward()
+        if d != "cpu":
+            ltc.mark_step()
+    return m.weight.detach(), m.bias.detach()
+
+
+@program
+def optimizer_options(d):
+    """AdamW without foreach, maximizing, with AMSGrad, `capturable` (its step count a device
+    tensor: on `ltc` only, as on CUDA), and other optimizers, three steps each."""
+    makers = [lambda p: torch.optim.AdamW(p, lr=0.05, foreach=False),
+              lambda p: torch.optim.AdamW(p, lr=0.05, maximize=True),
+              lambda p: torch.optim.AdamW(p, lr=0.05, amsgrad=True, weight_decay=0.1),
+              lambda p: torch.optim.AdamW(p, lr=0.05, capturable=d != "cpu"),
+              lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.9, centered=True),
+              lambda p: torch.optim.NAdam(p, lr=0.01), lambda p: torch.optim.RAdam(p, lr=0.01),
+              lambda p: torch.optim.Rprop(p), lambda p: torch.optim.Adadelta(p)]
+    out = []
+    for make in makers:
+        torch.manual_seed(0)
+        m = nn.Linear(3, 2).to(d)
+        opt = make(m.parameters())
+        for i in range(3):
+            opt.zero_grad()
+            m(torch.full((2, 3), float(i)).to(d)).sin().sum().backward()
+            opt.step()
+            if d != "cpu":
+                ltc.mark_step()
+        out.append(m.weight.detach().clone())
+    return out
+
+
+@program
+def gather_scatter_and_friends(d):
+    x = torch.randn(5, 4).to(d).requires_grad_()
+    i = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 0]]).to(d)
+    g = torch.gather(x, 1, i)
+    s = torch.zeros(5, 4).to(d).scatter_add(1, i, g * 2)
+    (g.sum() + s.pow(2).sum()).backward()
+    y = torch.zeros(3, 4).to(d)
+    y.index_fill_(1, torch.tensor([0, 2]).to(d), 5.0)
+    y.masked_scatter_(y == 0, torch.arange(12.0).to(d))
+    y.put_(torch.tensor([0, 11]).to(d), torch.tensor([-1.0, -2.0]).to(d))
+    return (g, s, x.grad, y, torch.take(x, torch.tensor([0, 5, 19]).to(d)), torch.diff(x, dim=1),
+            torch.combinations(torch.arange(4).to(d)), torch.block_diag(torch.ones(2, 2).to(d), torch.eye(1).to(d)),
+            torch.logcumsumexp(x.detach(), 1), torch.special.erfinv(torch.tensor([0.1, -0.5]).to(d)))
+
+
+@program
+def padding_modes(d):
+    x = torch.randn(1, 2, 4, 5).to(d).requires_grad_()
+    outs = [F.pad(x, (1, 2, 2, 1), mode=m) for m in ("reflect", "replicate", "circular")]
+    outs.append(F.pad(x, (1, 1), value=3.0))
+    sum(o.sum() for o in outs).backward()
+    return outs + [x.grad]
+
+
+@program
+def embedding_max_norm(d):
+    """`max_norm` renormalizes the looked-up rows of the weight in place, inside forward."""
+    e = nn.Embedding(5, 3, max_norm=1.0).to(d)
+    with torch.no_grad():
+        e.weight.mul_(3)
+    return e(torch.tensor([0, 2, 2]).to(d)), e.weight.detach()
+
+
+@program
+def custom_parametrization(d):
+    import torch.nn.utils.parametrize as P
+
+    class Symmetric(nn.Module):
+        def forward(self, w):
+            return w.triu() + w.triu(1).transpose(-1, -2)
+    m = nn.Linear(3, 3).to(d)
+    P.register_parametrization(m, "weight", Symmetric())
+    y = m(torch.ones(2, 3).to(d))
+    y.sum().backward()
+    return y, m.parametrizations.weight.original.grad, m.weight
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
