@@ -39,7 +39,6 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
 
 import torch
 
@@ -98,31 +97,15 @@ def _train_case(widths: list[int], batch: int, steps: int, warmup_steps: int):
     return make
 
 
-def _ltc_config() -> Any:
-    from ltc_async.base.config import config
-    return config
-
-
-def _tiering() -> bool:
-    from ltc_async.executor import arena, tiers
-    return tiers.top_tier(arena.get("ltc:0")) is not None
-
-
 def _warmup(step: MLPStep, eng: engines.Engine, steps: int) -> None:
     # The loss is kept alive across mark_step everywhere (as a loop that logs it would), so the
     # warm-up compiles exactly the graph that the timed steps run.
     for _ in range(steps):
         loss = step()
     eng.wait()
-    if eng.name == LTC and _tiering():
-        # tiering is on (the default): run past the tier-up threshold, wait for the background
-        # builds and run past their trials, so the timed steps are the steady state
-        for _ in range(max(0, _ltc_config().tier_up_after + 1 - steps)):
-            loss = step()
-        eng.wait()
-        engines._ltc().debug.wait_compiles()
-        for _ in range(2 * _ltc_config().tier_trial + 2):
-            loss = step()
+    if eng.name == LTC:   # the timed steps in the tiers' steady state
+        engines.settle_tiers(step, steps)
+        loss = step()
         eng.wait()
     v = float(loss.detach().cpu())  # sanity check (a sync), outside any timed region
     if not math.isfinite(v):

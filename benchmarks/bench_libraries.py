@@ -20,6 +20,7 @@ import warnings
 import torch
 
 import ltc_async as ltc
+from benchmarks.engines import settle_tiers
 from benchmarks.harness import Runner, log, md_header, md_row, time_steps
 
 DEV = "ltc:0"
@@ -158,13 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only.split(","):
         make = CASES[name]
         steps = {dev: make(dev) for dev in ("cpu", DEV)}
-        for dev, step in steps.items():   # warm-up: compiles, and tiering's background builds
-            for _ in range(3 if dev == "cpu" else 12):   # past `LTC_ASYNC_TIER_UP_AFTER` (10)
+        for dev, step in steps.items():   # warm-up (compiles)
+            for _ in range(3):
                 step()
-        ltc.wait_device_ops()
-        ltc.debug.wait_compiles()
-        for _ in range(8):   # past each built graph's trial of the two tiers (`LTC_ASYNC_TIER_TRIAL`)
-            steps[DEV]()
+        settle_tiers(steps[DEV], 3)       # and tiering's background builds and trials
         ltc.wait_device_ops()
         ltc.metrics.reset()
         for _ in range(args.steps):

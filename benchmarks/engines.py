@@ -67,6 +67,24 @@ def ltc_compiles() -> int:
     return _ltc().metrics.counter_value("UncachedCompile") or 0
 
 
+def settle_tiers(step: Callable[[], Any], steps_done: int) -> None:
+    """With tiering on (the default), bring an ltc_async loop to its steady state before timing:
+    run `step` (a step on ltc:0, `steps_done` of which ran already) past the tier-up threshold,
+    wait for the background builds, and run past each built graph's trial of the two tiers."""
+    ltc = _ltc()
+    from ltc_async.base.config import config
+    from ltc_async.executor import arena, tiers
+    if tiers.top_tier(arena.get("ltc:0")) is None:
+        return
+    for _ in range(max(0, config.tier_up_after + 1 - steps_done)):
+        step()
+    ltc.wait_device_ops()
+    ltc.debug.wait_compiles()
+    for _ in range(2 * config.tier_trial + 2):
+        step()
+    ltc.wait_device_ops()
+
+
 def _ltc_engine(name: str, backend: str | None = None) -> Engine:
     ltc = _ltc()
     return Engine(name, "ltc:0", ltc.mark_step, ltc.wait_device_ops, ltc_compiles, backend=backend)

@@ -177,7 +177,7 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
         # empty inputs: stand-ins are exact (no values), and meta kernels skip checks eager makes
         # (`max()` of an empty tensor: "Expected reduction dim to be specified").  Not where the
         # result is large: `empty_buffer.new_zeros(n)` must not allocate n elements on the host
-        return call(func, info, [_real(v, inputs[0]._ctx.backend_device) for v in full])
+        return _on_stand_ins(func, info, full, inputs)
     floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
     several = isinstance(out, (tuple, list)) and len(out) > 1 and not floats.isdisjoint(_LOW)
     # a bool or integer input, or an op defined for integers only (meta takes floats)
@@ -185,9 +185,8 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
         or info.name.startswith(_INTEGRAL_OPS)
     if len(floats) < 2 and not several and not exact:
         return None
-    device = inputs[0]._ctx.backend_device
     try:
-        return call(func, info, [_real(v, device) for v in full])
+        return _on_stand_ins(func, info, full, inputs)
     except RuntimeError as e:
         if not exact or len(floats) >= 2 or several or _about_dtypes(str(e), inputs):
             raise
@@ -207,7 +206,7 @@ def _raise_eagers_error(func: Any, info: OpInfo, full: list) -> None:
     if not inputs or info.seeded or sum(math.prod(t._m.shape) * t._m.dtype.itemsize for t in inputs) > _STAND_IN_BYTES:
         return
     try:
-        call(func, info, [_real(v, inputs[0]._ctx.backend_device) for v in full])
+        _on_stand_ins(func, info, full, inputs)
     except (RuntimeError, IndexError, ValueError, TypeError) as e:
         raise e.with_traceback(None) from None
     except Exception:  # noqa: BLE001 - anything else: meta's error stands
@@ -218,6 +217,11 @@ def _small(out: Any) -> bool:
     """Meta outputs of at most `_STAND_IN_BYTES` in all."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor)) <= _STAND_IN_BYTES
+
+
+def _on_stand_ins(func: Any, info: OpInfo, full: list, inputs: list[LtcTensor]) -> Any:
+    """The call by eager on the backing device, the lazy tensors (`inputs`) as stand-ins."""
+    return call(func, info, [_real(v, inputs[0]._ctx.backend_device) for v in full])
 
 
 def _real(v: Any, device: torch.device) -> Any:

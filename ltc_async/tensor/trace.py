@@ -187,13 +187,13 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
             tv = type(v)
             if tv is int and not -_INT64 <= v < _INT64:
                 wide = True
-            if is_factory and len(template) in info.fill_scalars:   # a fill value (schema.py)
+            const = is_factory   # a factory's scalars can decide its shape (arange) ...
+            if const and len(template) in info.fill_scalars:   # ... but not a fill value (schema.py)
+                const = False
                 if tv is bool and full[info.fill_dtype] is not None:
                     v, tv = int(v), int
-            if (is_factory and len(template) not in info.fill_scalars) or (tv is not int and tv is not float):
-                # bools stay constants: TorchScript has no bool Scalar; a factory's scalars
-                # can decide its shape (arange)
-                template.append(exact(v))
+            if const or (tv is not int and tv is not float):
+                template.append(exact(v))   # bools stay constants: TorchScript has no bool Scalar
             else:
                 template.append(_sref(len(scalars), tv))
                 scalars.append(v)
