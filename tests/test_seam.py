@@ -259,6 +259,66 @@ def test_cpu_checkpoint_loads_into_an_ltc_model(assign):
         _assert_same(lazy, eager)
 
 
+MAP_LOCATIONS = {"str": D, "device": torch.device(D), "dict": {"cpu": D},
+                 "function": lambda storage, loc: storage.to(device=D)}
+
+
+@pytest.mark.parametrize("weights_only", [True, False], ids=["weights_only", "full"])
+@pytest.mark.parametrize("where", list(MAP_LOCATIONS))
+def test_a_cpu_checkpoint_loads_straight_onto_the_device_and_training_resumes(where, weights_only):
+    """`torch.load(f, map_location="ltc:0")`, as with "cuda:0" (it killed the process with a
+    segfault: PyTorch allocated a device storage, and ltc has no allocator)."""
+    eager = _mlp()
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    _train(eager, opt_e, None)
+    f = io.BytesIO()
+    torch.save({"model": eager.state_dict(), "opt": opt_e.state_dict()}, f)
+    f.seek(0)
+    ckpt = torch.load(f, map_location=MAP_LOCATIONS[where], weights_only=weights_only)
+    assert all(t.device == torch.device(D) for t in ckpt["model"].values())
+    lazy = _mlp().to(D)
+    lazy.load_state_dict(ckpt["model"])
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2)
+    opt_l.load_state_dict(ckpt["opt"])
+    _assert_same(lazy, eager)
+    _train(lazy, opt_l, D)
+    _train(eager, opt_e, None)
+    _assert_same(lazy, eager)
+
+
+@pytest.mark.parametrize("saved_on", ["cpu", D])
+@pytest.mark.parametrize("load", [dict(), dict(map_location=D), dict(map_location="cpu")],
+                         ids=["plain", "to_ltc", "to_cpu"])
+def test_views_saved_together_load_as_views_of_one_storage(saved_on, load):
+    """A checkpoint holding a tensor and views of it (a flat parameter buffer and its slices):
+    after loading, a write through the base shows in the views, as in eager."""
+    def program(device, load):
+        base = torch.arange(12.0).view(3, 4).to(device)
+        f = io.BytesIO()
+        torch.save({"row": base[1], "base": base, "t": base.t(), "col": base[:, 2],
+                    "alias": base.detach()}, f)
+        f.seek(0)
+        r = torch.load(f, **load)
+        r["base"][1, 0] = 100.0
+        r["t"][2, 2] = -1.0
+        return {k: (v.cpu(), v.stride(), v.device.type) for k, v in r.items()}
+
+    want = program("cpu", {})
+    got = program(saved_on, load)
+    for k, (v, stride, _) in want.items():
+        torch.testing.assert_close(got[k][0], v, rtol=0, atol=0, msg=k)
+        assert got[k][1] == stride, k
+    lands_on = {None: torch.device(saved_on).type, D: "ltc", "cpu": "cpu"}[load.get("map_location")]
+    assert all(got[k][2] == lands_on for k in got)
+
+
+def test_ltc_storages_cannot_be_made_and_say_why():
+    with pytest.raises(RuntimeError, match="has no storages of its own"):
+        torch.UntypedStorage(12, device=D)
+    with pytest.raises(RuntimeError, match="has no storages of its own"):
+        torch.randn(3).untyped_storage().to(device=D)
+
+
 def test_ltc_state_dict_assigned_into_a_cpu_model_and_deepcopies():
     lazy = _mlp().to(D)
     cpu_model = _mlp()

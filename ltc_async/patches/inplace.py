@@ -209,6 +209,12 @@ def _any_requires_grad(v: Any) -> bool:
     return False
 
 
+def replay_views(base: torch.Tensor, v: torch.Tensor, skip: int) -> torch.Tensor:
+    """`v`'s view chain past its root's first `skip` views, replayed on `base` (a host copy or
+    a meta stand-in of the root): `v`'s eager geometry in the root's storage."""
+    return _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(v)[skip:]])
+
+
 def _as_view(meta: tuple[type, tuple]) -> Any:
     """A `ViewMeta` from a `_chain` entry, with reapply_views on: it then makes a real view
     where functionalization made a `_copy`.  Its state is (has_symbolic_inputs, [out_index of
@@ -243,7 +249,7 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
 
     def host(v: Any) -> Any:
         if v is view or _alias_of(v, view, storage):
-            return _F.apply_view_meta_sequence(host_root, [_as_view(m) for m in _chain(v)[len(prefix):]])
+            return replay_views(host_root, v, len(prefix))
         if isinstance(v, torch.Tensor) and v.device.type == "ltc":
             return v.detach().cpu()
         if isinstance(v, (list, tuple)):
@@ -269,7 +275,7 @@ def _check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], ar
 
     def stand_in(v: Any) -> Any:
         if v is view or _alias_of(v, view, storage):
-            return _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(v)[len(prefix):]])
+            return replay_views(base, v, len(prefix))
         if isinstance(v, torch.Tensor) and v.device.type == "ltc":
             return torch.ones(v.shape, dtype=v.dtype)
         if isinstance(v, (list, tuple)):
@@ -314,7 +320,7 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
 def _memory_range(v: torch.Tensor, base: torch.Tensor, skip: int) -> tuple[int, int]:
     """First and last storage element of the view `v` (its chain past the base's `skip` views,
     replayed on a meta `base`)."""
-    view = _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(v)[skip:]])
+    view = replay_views(base, v, skip)
     lo = hi = view.storage_offset()
     for size, stride in zip(view.shape, view.stride()):
         if size == 0:
@@ -375,7 +381,7 @@ def _storage_probe(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
     root, prefix = found
     base = torch.empty_strided(root.shape, root.stride(), dtype=root.dtype, device=_META)
-    return _F.apply_view_meta_sequence(base, [_as_view(m) for m in _chain(t)[len(prefix):]])
+    return replay_views(base, t, len(prefix))
 
 
 def _checked_view(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -352,6 +352,8 @@ def register() -> None:
     modules.patch_module_apply()   # module.to('ltc:N') keeps tied weights tied
     autocast.register()            # torch.autocast('ltc'): CPU's policy
     storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path
+    storage.patch_load()           # torch.load(map_location="ltc:0"); no ltc storages
+    storage.patch_save()           # torch.save keeps views of one ltc storage sharing it
     inplace.patch()
     decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
     collectives.register()         # dist collectives on views write through to the base
