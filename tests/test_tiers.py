@@ -150,6 +150,35 @@ def test_graphs_run_once_or_with_changing_scalars_are_not_built():
     assert _counts()["TierUpCompile"] == 0
 
 
+def test_a_growing_sequence_repeated_builds_a_few_of_its_lengths_and_buckets_all():
+    """generate()'s pattern: every call walks the same growing lengths, one graph per length,
+    so each length is hot after a few calls -- yet building one top-tier program per length
+    is seconds of compiling for one small graph among many (measured: nothing gained per
+    token).  Only a skeleton's first few shapes are built; a few alternating buckets all are."""
+    from ltc_async.executor import generic
+    torch.manual_seed(0)
+    w = torch.randn(16, 16).to(DEV)
+
+    def step(n):
+        x = torch.ones(n, 16, device=DEV)
+        return (torch.tanh(x @ w) * 0.5).sum(0).cpu()
+
+    ltc.metrics.reset()
+    lengths = range(3, 3 + 4 * generic._BUILT_PER_SKELETON)
+    for _ in range(config.tier_up_after + 1):
+        for n in lengths:
+            torch.testing.assert_close(step(n), (torch.tanh(torch.ones(n, 16) @ w.cpu()) * 0.5).sum(0))
+    assert ltc.debug.wait_compiles(600)
+    assert 1 <= _counts()["TierUpCompile"] <= generic._BUILT_PER_SKELETON
+
+    ltc.metrics.reset()
+    for _ in range(config.tier_up_after + 1):       # three buckets of a new skeleton
+        for n in (64, 96, 128):
+            (torch.ones(n, 8, device=DEV) @ w[:8] * 2).sum().cpu()
+    assert ltc.debug.wait_compiles(600)
+    assert _counts()["TierUpCompile"] == 3
+
+
 def test_adamw_training_moves_to_inductor_although_its_scalars_change():
     """Adam's bias corrections and step size change every step; the top tier takes them as
     inputs (0-dim tensors), so the step is built once and keeps eager's values."""

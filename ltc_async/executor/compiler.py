@@ -143,8 +143,8 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
     if comp is not None:
         counters.counter("CachedCompile")
     else:
-        comp, request = generic.lookup(device_key, plan) \
-            if ctx.backend.lifts_ints and tiers.only_tier(ctx) is None else (None, None)
+        comp, request, worth_building = generic.lookup(device_key, plan) \
+            if ctx.backend.lifts_ints and tiers.only_tier(ctx) is None else (None, None, True)
         if comp is not None:   # a generic program of this graph's skeleton: no compile
             counters.counter("CachedCompile")
         else:
@@ -152,7 +152,8 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str) -> GraphPlan:
             comp, ok = _compile(ctx, plan, label, request.lifted if request else [])
             if request is not None:
                 comp = request.finish(comp, ok)
-        comp = tiers.wrap(ctx, plan, comp, label)   # built on a better tier once hot
+        if worth_building:   # not one of many shapes of a skeleton (`generic.py`)
+            comp = tiers.wrap(ctx, plan, comp, label)   # built on a better tier once hot
         cache.put(key, comp)
     plan.comp = comp
     return plan

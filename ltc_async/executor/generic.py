@@ -20,6 +20,12 @@ A `Bound` computation pairs the generic program with one graph's ints and insert
 that graph's inputs, so the executor (and the exact cache, which stores the `Bound`) sees an
 ordinary `Computation` of the usual inputs.
 
+Tiers (`tiers.py`) build per exact graph, so a skeleton's graphs are built on the top tier only
+while it has few of them (`lookup`'s third answer: a few sequence buckets, a last smaller batch).  One
+with many -- `generate()` makes one per cache length -- stays on its generic program: measured
+on a tiny Llama, 36 such builds (~8 minutes of a core beside the run) bought nothing per token,
+each length being one small graph among many.
+
 Only backends whose programs take such ints (`Backend.lifts_ints`) take part: the IR
 interpreter reads constants from the nodes themselves.  Everything here runs on the compiler
 thread (`compiler.py`), so the registry needs no lock.
@@ -116,12 +122,13 @@ class Bound(Computation):
 class _Variants:
     """What the registry knows about one skeleton."""
 
-    __slots__ = ("ints", "lifted", "program")
+    __slots__ = ("ints", "lifted", "program", "graphs")
 
     def __init__(self, ints: list[int]) -> None:
         self.ints = ints                      # the first graph's ints
         self.lifted: frozenset[int] | None = frozenset()   # None: the backend refused to lift
         self.program: Computation | None = None
+        self.graphs = 1                       # exact graphs of this skeleton seen so far
 
 
 class Request:
@@ -151,10 +158,14 @@ def _bind(program: Computation, lifted: frozenset[int], ints: list[int], before:
 
 
 _registry: "collections.OrderedDict[tuple, _Variants]" = collections.OrderedDict()
+# exact graphs of one skeleton that may each get a top-tier build (see the module note)
+_BUILT_PER_SKELETON = 4
 
 
-def lookup(device_key: str, plan: Any) -> tuple[Computation | None, Request | None]:
-    """For an exact-cache miss: a generic program bound to `plan`'s ints, or what to compile."""
+def lookup(device_key: str, plan: Any) -> tuple[Computation | None, Request | None, bool]:
+    """For an exact-cache miss: a generic program bound to `plan`'s ints, or what to compile;
+    and whether `plan` may be built on the top tier once hot (not when its skeleton has had
+    more than a few exact graphs: see the module note)."""
     key, ints, where, before = skeleton(plan)
     skey = (device_key, key)
     var = _registry.get(skey)
@@ -162,15 +173,17 @@ def lookup(device_key: str, plan: Any) -> tuple[Computation | None, Request | No
         var = _registry[skey] = _Variants(ints)
         while len(_registry) > config.compile_cache_size:
             _registry.popitem(last=False)
-        return None, Request(var, frozenset(), where, ints, before)
+        return None, Request(var, frozenset(), where, ints, before), True
     _registry.move_to_end(skey)
+    var.graphs += 1
+    worth = var.graphs <= _BUILT_PER_SKELETON
     if var.lifted is None:           # this skeleton compiles exactly
-        return None, None
+        return None, None, worth
     differ = var.lifted | {i for i, (a, b) in enumerate(zip(ints, var.ints)) if a != b}
     if var.program is not None and differ == var.lifted:
         counters.counter("GenericProgramHit")
-        return _bind(var.program, var.lifted, ints, before), None
-    return None, Request(var, frozenset(differ), where, ints, before)
+        return _bind(var.program, var.lifted, ints, before), None, worth
+    return None, Request(var, frozenset(differ), where, ints, before), worth
 
 
 def clear() -> None:
