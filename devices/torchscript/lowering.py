@@ -26,7 +26,8 @@ from ltc_async.ir.node import (
 
 _TENSOR = TensorType.get()
 _GEN = torch._C._GeneratorType.get()
-_SCALAR_JIT = {float: FloatType.get(), int: IntType.get(), bool: BoolType.get()}
+_SCALAR_JIT = {float: FloatType.get(), int: IntType.get(), bool: BoolType.get(),
+               complex: torch._C.ComplexType.get()}   # `z * 1j`: a wrapped complex number
 _ENUMS = {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2,
           torch.channels_last_3d: 3, torch.strided: 0, torch.sparse_coo: 1}
 

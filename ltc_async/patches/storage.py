@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from . import inplace
+
 _LTC = "ltc"
 
 
@@ -215,7 +217,7 @@ def patch_save() -> None:
 def _host_view(t: torch.Tensor) -> torch.Tensor | None:
     """`t` as a view of the one host copy of its storage, with eager's geometry; None where
     that geometry cannot be told (`t` is then copied alone)."""
-    from . import inplace
+
     found = inplace._base_of(t, [])
     if found is None:
         return None

@@ -109,6 +109,8 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         eager = _run_like_eager(func, info, full, out)
         if eager is not None:
             out = _with_dtypes_of(out, eager)
+    if func in _CONVOLUTIONS:
+        out = _conv_layout(func, full, out)
     if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
         try:
             out = call(info.view_op, info, margs)
@@ -191,6 +193,31 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
         if not exact or len(floats) >= 2 or several or _about_dtypes(str(e), inputs):
             raise
         return None  # an error of the stand-ins' zero values (a zero-sum multinomial, ...)
+
+
+_CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+
+
+def _conv_layout(func: Any, full: list, out: Any) -> Any:
+    """Convolutions keep channels-last: eager (CPU's oneDNN and slow paths, cuDNN alike) makes
+    the output and the gradients channels-last when the input or the weight is, where the meta
+    kernel answers contiguous outside CUDA.  `full`: convolution's (input, weight, ...) or
+    convolution_backward's (grad_output, input, weight, ...)."""
+    x, w = (full[0], full[1]) if func is _CONVOLUTIONS[0] else (full[1], full[2])
+    rank = len(x._m.shape) if isinstance(x, LtcTensor) else 0
+    if rank not in (4, 5):
+        return out
+    fmt = torch.channels_last if rank == 4 else torch.channels_last_3d
+    if not any(isinstance(t, LtcTensor) and _is_channels_last(t._m, fmt) for t in (x, w)):
+        return out
+    outs = tuple(r.contiguous(memory_format=fmt) if isinstance(r, torch.Tensor) and r.dim() == rank else r
+                 for r in (out if isinstance(out, tuple) else (out,)))
+    return outs if isinstance(out, tuple) else outs[0]
+
+
+def _is_channels_last(m: TensorMeta, fmt: torch.memory_format) -> bool:
+    t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
+    return t.is_contiguous(memory_format=fmt) and not t.is_contiguous()
 
 
 _STAND_IN_BYTES = 64 << 20   # eager's re-run of a failed call allocates its inputs as zeros

@@ -36,7 +36,7 @@ from ..executor import arena
 from ..executor.device import DeviceContext
 from ..ir.device_checks import takes_cpu_scalars
 from ..ir.node import RNG, SCALAR, TENSOR, TENSOR_LIST, Node, TensorMeta, exact
-from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo
+from ..ir.schema import CONST, GENERATOR, NUM_CONST, OPT_TENSOR, OpInfo, op_info
 from ..ir.schema import SCALAR as K_SCALAR
 from ..ir.schema import TENSOR as K_TENSOR
 from ..ir.schema import TENSOR_LIST as K_TENSOR_LIST
@@ -172,6 +172,11 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
                 template.append(None)
             else:  # a Python number where the schema says Tensor: a wrapped number
                 tv = type(v)
+                if tv is bool:   # TorchScript has no bool Scalar: a 0-dim bool tensor promotes alike
+                    uploads = uploads or []
+                    uploads.append((len(template), None, torch.tensor(v)))
+                    template.append(None)
+                    continue
                 if tv is int and not -_INT64 <= v < _INT64:
                     wide = True
                 template.append(_sref(len(scalars), tv))
@@ -274,6 +279,10 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
                 res = shapes.FALLBACK
         shapes.remember(skey, res)
     if res is shapes.FALLBACK:
+        if ctx is not None and not is_factory:
+            out = _bool_scalar_twin(func, info, full, ctx)
+            if out is not NotImplemented:
+                return out
         return eager_fallback(_LAYOUT_DEPENDENT.get(func, func), info, _with_uploads(full, uploaded, ctx), ctx)
     out_metas, out_spec, nkey = res
     if info.identity:  # values are immutable: the output is the input's value ...
@@ -288,6 +297,30 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
         return make_tensor(ctx, node, 0, out_metas[0])
     outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(out_metas)]
     return _unflatten(outs, out_spec)
+
+
+def _bool_scalar_twin(func: Any, info: OpInfo, full: Sequence, ctx: DeviceContext) -> Any:
+    """`mask.masked_fill(m, True)`, `b & True`, `t == True`, `fill_(True)`: TorchScript has no
+    bool Scalar, so an op given a bool where its schema says Scalar runs as its `.Tensor`
+    overload, the bool a 0-dim bool tensor on the device -- which promotes exactly as the bool
+    Scalar does (bool is the lowest category: it never widens the result).  NotImplemented
+    where there is no such twin."""
+    at = [i for i, (k, v) in enumerate(zip(info.kinds, full)) if k == K_SCALAR and type(v) is bool]
+    twin = getattr(func.overloadpacket, "Tensor", None) if at else None
+    if twin is None or twin is func:
+        return NotImplemented
+    want = [a.type for a in func._schema.arguments]
+    have = [a.type for a in twin._schema.arguments]
+    if len(want) != len(have) or any(
+            (i in at) != (w != h) or (i in at and not isinstance(h, torch._C.TensorType))
+            for i, (w, h) in enumerate(zip(want, have))):
+        return NotImplemented
+    args = list(full)
+    for i in at:
+        args[i] = make_tensor(ctx, scalar_node(ctx, torch.tensor(full[i])), 0,
+                              TensorMeta((), (), torch.bool))
+    targs, tkwargs = op_info(twin).split(args)
+    return twin(*targs, **tkwargs)   # through the dispatcher, back to `LtcTensor.__torch_dispatch__`
 
 
 def _number_of(v: Any) -> Any:

@@ -438,6 +438,40 @@ def custom_parametrization(d):
     return y, m.parametrizations.weight.original.grad, m.weight
 
 
+@program
+def bool_and_complex_python_scalars(d):
+    # masks built with Python bools (a padding mask, a causal mask, flags), complex rotary
+    # embeddings in the style of Llama's reference code (`freqs_cis`, `* 1j`): all on the device
+    ids = torch.tensor([[5, 3, 0, 0], [7, 0, 0, 0]]).to(d)
+    pad = (ids == 0).masked_fill(ids == 7, True)
+    keep = ~pad & True
+    causal = torch.ones(4, 4, dtype=torch.bool).to(d).triu(1) | False
+    flags = torch.zeros(2, dtype=torch.bool).to(d).fill_(True) ^ (ids[:, 0] == True)
+    scores = torch.randn(2, 4, 4).to(d).masked_fill(causal, float("-inf")).masked_fill(pad[:, None], True)
+    counts = keep.long() + True
+    x = torch.randn(2, 4, 8).to(d)
+    freqs = torch.outer(torch.arange(4.0), 1.0 / 10000 ** (torch.arange(0, 8, 2.0) / 8)).to(d)
+    freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
+    xc = torch.view_as_complex(x.reshape(2, 4, 4, 2))
+    rotated = torch.view_as_real(xc * freqs_cis * 1j / (1 + 1j)).flatten(2)
+    return pad, keep, causal, flags, scores.softmax(-1), counts, rotated, (x * True).sum()
+
+
+@program
+def channels_last_cnn_training(d):
+    # the channels-last recipe for CNNs: layouts as eager reports them (code branches on
+    # `is_contiguous(memory_format=...)`), values, gradients
+    cl = torch.channels_last
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1),
+                      nn.ConvTranspose2d(4, 2, 2, stride=2)).to(d).to(memory_format=cl)
+    x = torch.randn(2, 3, 10, 10).to(d).to(memory_format=cl)
+    y = m(x)
+    y.square().mean().backward()
+    plain = nn.functional.conv2d(torch.randn(1, 2, 5, 5).to(d), torch.randn(3, 2, 3, 3).to(d).to(memory_format=cl))
+    return (y, y.stride(), y.is_contiguous(memory_format=cl), m[0].weight.grad, m[0].weight.grad.stride(),
+            m[3].weight.grad.stride(), plain.stride())
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
