@@ -165,7 +165,7 @@ def _chain(t: torch.Tensor) -> list[tuple[type, tuple]]:
     return [(type(m), m.as_tuple()) for m in _F.get_view_meta_sequence(t)]
 
 
-def _base_of(t: torch.Tensor, aliases: list) -> tuple[torch.Tensor, list] | None:
+def base_of(t: torch.Tensor, aliases: list) -> tuple[torch.Tensor, list] | None:
     """A tensor from which `t` and its `aliases` are views, with its own view chain: autograd's
     base of `t`, `t` or one of the aliases.  It must hold its storage's whole base value (its
     chain only permutes or aliases), or at least take writes exactly (no `expand`/`unfold` in
@@ -241,7 +241,7 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
                            "cannot be recorded for autograd on ltc devices; write through .clone() or "
                            "under torch.no_grad()")
     storage = _storage(view)
-    found = _base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
+    found = base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
     if found is None:
         raise _no_base()
     root, prefix = found
@@ -267,7 +267,7 @@ def _check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], ar
     location"), by running it on CPU stand-ins with the same aliasing (meta tensors do not
     check overlap).  For writes autograd records, which keep the functional semantics."""
     storage = _storage(view)
-    found = _base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
+    found = base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
     if found is None:
         return
     root, prefix = found
@@ -308,7 +308,7 @@ def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     others = [v for v in tensors if _alias_of(v, self, storage)]
     if not others:
         return False
-    found = _base_of(self, others)
+    found = base_of(self, others)
     if found is None:
         return True  # cannot tell: the host path says why it cannot run
     root, prefix = found
@@ -376,7 +376,7 @@ def _storage_probe(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor with `t`'s eager geometry in its base's storage (`as_strided_` checks its
     bounds against the whole storage, from `t`'s storage offset): `t`'s chain replayed on a
     meta copy of the base; `t`'s own layout when no base is found."""
-    found = _base_of(t, [])
+    found = base_of(t, [])
     if found is None or not all(kind in _WHOLE_VIEWS for kind, _ in found[1]):
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
     root, prefix = found

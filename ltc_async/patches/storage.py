@@ -218,7 +218,7 @@ def _host_view(t: torch.Tensor) -> torch.Tensor | None:
     """`t` as a view of the one host copy of its storage, with eager's geometry; None where
     that geometry cannot be told (`t` is then copied alone)."""
 
-    found = inplace._base_of(t, [])
+    found = inplace.base_of(t, [])
     if found is None:
         return None
     root, prefix = found
