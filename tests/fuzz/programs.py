@@ -288,7 +288,7 @@ UNARY = {
     "floor": torch.floor, "round": torch.round, "sign": torch.sign, "square": torch.square,
     "reciprocal": torch.reciprocal, "logical_not": torch.logical_not, "isnan": torch.isnan,
     "bitwise_not": torch.bitwise_not, "nan_to_num": lambda a: torch.nan_to_num(a, nan=-0.0, posinf=1.0),
-    "contiguous": lambda a: a.contiguous(), "clone": lambda a: a.clone(), "detach": lambda a: a.detach().clone() if a._is_view() else a.detach(),  # see inplace._base_of
+    "contiguous": lambda a: a.contiguous(), "clone": lambda a: a.clone(), "detach": lambda a: a.detach().clone() if a._is_view() else a.detach(),  # see inplace.base_of
     "float": lambda a: a.float(), "double": lambda a: a.double(), "long": lambda a: a.long(),
     "int": lambda a: a.int(), "bool": lambda a: a.bool(), "half_float": lambda a: a.half().float(),
 }
