@@ -416,3 +416,32 @@ def test_threads_mixing_host_copies_numbers_and_refused_writes():
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert not errors, errors[0]
+
+
+# -- TorchScript -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda: nn.ReLU(), lambda: nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True)),
+                                  lambda: nn.Hardtanh(), lambda: nn.ELU(), lambda: nn.Dropout()],
+                         ids=["relu", "sequential", "hardtanh", "elu", "dropout"])
+def test_torch_jit_script_still_scripts_modules_with_in_place_functional_ops(make):
+    """ltc_async wraps `torch.relu_` and friends (in-place checks); TorchScript must still see
+    them as the aten ops they stand for (it refused to compile the wrappers, on every device)."""
+    m = make().eval()
+    scripted = torch.jit.script(m)
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(scripted(x), m(x))
+    lazy = torch.jit.script(make().to(D).eval())
+    assert lazy(x.to(D)).device == torch.device(D)
+
+
+def test_torchscript_archives_with_ltc_tensors_say_what_works():
+    f = io.BytesIO()
+    torch.jit.save(torch.jit.script(nn.Linear(4, 3)), f)
+    for where in (D, torch.device(D), {"cpu": D}):
+        f.seek(0)
+        with pytest.raises(RuntimeError, match="load it on the CPU"):
+            torch.jit.load(f, map_location=where)
+    f.seek(0)
+    assert torch.jit.load(f, map_location="cpu").weight.shape == (3, 4)
+    with pytest.raises(RuntimeError, match="state_dict"):
+        torch.jit.save(torch.jit.script(nn.Linear(4, 3).to(D)), io.BytesIO())

@@ -428,6 +428,12 @@ def patch() -> None:
         for name in names:
             setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
             if callable(getattr(torch, name, None)):
-                setattr(torch, name, wrap(getattr(torch, name)))
+                original = getattr(torch, name)
+                setattr(torch, name, wrap(original))
+                # TorchScript resolves `torch.relu_` (F.relu(inplace=True)) to its aten op by
+                # the function's identity: the wrapper stands for the same op
+                op = torch.jit._builtins._find_builtin(original)
+                if op is not None:
+                    torch.jit._builtins._register_builtin(getattr(torch, name), op)
     for name in _AUGMENTED + ("__setitem__",):
         setattr(torch.Tensor, name, _checked_write(getattr(torch.Tensor, name)))

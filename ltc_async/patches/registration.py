@@ -354,6 +354,7 @@ def register() -> None:
     storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path
     storage.patch_load()           # torch.load(map_location="ltc:0"); no ltc storages
     storage.patch_save()           # torch.save keeps views of one ltc storage sharing it
+    storage.patch_jit()            # TorchScript archives and ltc tensors: clear errors
     inplace.patch()
     decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
     collectives.register()         # dist collectives on views write through to the base

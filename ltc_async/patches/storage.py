@@ -26,6 +26,12 @@ memory the host can read or allocate.  Three places in PyTorch assume otherwise:
   on the base's layout), so the file holds one storage, as eager's does.
 * `torch.UntypedStorage(n, device="ltc:0")` (and `storage.to("ltc:0")` outside `torch.load`)
   would reach the same missing allocator: it raises instead, naming what to do.
+* TorchScript archives (`patch_jit`): `torch.jit.load(f, map_location="ltc:0")` made parameters
+  of shape `[0]` (its C++ loader sets device storages), and a scripted module cannot move to ltc
+  afterwards (`ScriptModule` parameters are swapped only between compatible tensor types, as on
+  XLA); `torch.jit.save` of a module holding ltc tensors failed inside the archive writer.  Both
+  raise at the call, naming what works: load on the CPU (a scripted module runs there), or
+  rebuild the eager module on `ltc` and load its `state_dict`.
 
 Thread safety: the storages bound for a device are kept per thread (`_loading`, `_saving`), for
 the one `torch.load` or `torch.save` call running on that thread; nothing is shared between
@@ -242,3 +248,42 @@ def _dense(t: torch.Tensor) -> bool:
     """Does `t` cover a block of memory exactly once (any order of dims)?"""
     from torch._prims_common import is_non_overlapping_and_dense_or_false
     return bool(is_non_overlapping_and_dense_or_false(t))
+
+
+def _names_ltc(location: Any) -> bool:
+    if isinstance(location, dict):
+        return any(_names_ltc(v) for v in location.values())
+    try:
+        return torch.device(location).type == _LTC
+    except (TypeError, RuntimeError):
+        return False
+
+
+def patch_jit() -> None:
+    """TorchScript archives and ltc tensors (see the module note)."""
+    import torch.jit
+
+    load, save = torch.jit.load, torch.jit.save
+
+    def _jit_load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if map_location is not None and _names_ltc(map_location):
+            raise RuntimeError(
+                f"ltc_async: torch.jit.load cannot put a TorchScript module on {map_location} "
+                "(its parameters would be made from device storages, which ltc devices do not "
+                "have, and a scripted module cannot move to ltc afterwards); load it on the CPU, "
+                "or build the eager module, move it with .to('ltc:N') and load a state_dict")
+        return load(f, map_location, *args, **kwargs)
+
+    def _jit_save(m: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        state = m.state_dict() if hasattr(m, "state_dict") else {}
+        if any(isinstance(t, torch.Tensor) and t.device.type == _LTC for t in state.values()):
+            raise RuntimeError(
+                "ltc_async: torch.jit.save cannot write a module holding ltc tensors (the archive "
+                "writer reads tensor storages, which ltc devices do not have); save its weights with "
+                "torch.save(module.state_dict(), f), or script and save the module on the CPU")
+        return save(m, f, *args, **kwargs)
+
+    for new, old in ((_jit_load, load), (_jit_save, save)):
+        new.__doc__, new.__wrapped__ = old.__doc__, old   # type: ignore[attr-defined]
+    torch.jit.load = _jit_load
+    torch.jit.save = _jit_save
