@@ -29,7 +29,10 @@ the same number (`as_number`, used by `trace.py`), so the traced node is unchang
 kernels are registered from schemas and qualified names at import (no OpOverload objects).
 
 `set_` with a functional `ltc` target and a host source raises the same device error
-(functionalization would say "not a FunctionalTensor. Please file an issue").
+(functionalization would say "not a FunctionalTensor. Please file an issue").  `t.set_(t)` (what
+`parametrize.register_parametrization` does to a weight when the parametrization has no
+`right_inverse`) is the no-op it is in eager: functionalization would freeze `t`'s storage,
+and every later in-place update of the weight (an optimizer step) would fail.
 
 Thread safety: the kernels keep no state but `stand_ins`, keyed by `id` of tensors alive for
 the duration of the call that made them (added before, removed after, single dict operations
@@ -222,6 +225,8 @@ def _kernel(schema: Any) -> Callable[..., Any]:
                 # `ltc.set_(cpu)`: eager refuses a storage of another device; functionalization
                 # would say "not a FunctionalTensor. Please file an issue"
                 raise _mismatch(args[0], args[1], name.split("::")[-1], written_host=False)
+            if sets and len(args) == 2 and args[1] is args[0]:
+                return args[0]   # `t.set_(t)` is a no-op; functionalization would freeze `t`
             return _call(name, ks, args, kwargs, slots)
         if not op:
             op.append(_overload(name))

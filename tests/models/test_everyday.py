@@ -432,10 +432,17 @@ def custom_parametrization(d):
         def forward(self, w):
             return w.triu() + w.triu(1).transpose(-1, -2)
     m = nn.Linear(3, 3).to(d)
-    P.register_parametrization(m, "weight", Symmetric())
+    P.register_parametrization(m, "weight", Symmetric())   # no right_inverse: original.set_(original)
     y = m(torch.ones(2, 3).to(d))
     y.sum().backward()
-    return y, m.parametrizations.weight.original.grad, m.weight
+    grad = m.parametrizations.weight.original.grad.clone()
+    # ... and training it, as the tutorial does (the step writes the original in place)
+    for opt in (torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.Adam(m.parameters(), lr=0.01)):
+        for _ in range(2):
+            opt.zero_grad()
+            m(torch.arange(6.0).view(2, 3).to(d)).square().mean().backward()
+            opt.step()
+    return y, grad, m.weight, m.parametrizations.weight.original
 
 
 @program
