@@ -7,8 +7,6 @@ inference result, a compiled graph or a cached upload.
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -489,3 +487,40 @@ def test_write_through_inplace_as_strided_of_a_slice_reaches_the_base():
     (lx, lv), (ex, ev) = prog(DEV), prog("cpu")
     same(lx, ex)
     same(lv, ev)
+
+
+def _default_dtype_program(device: str) -> list:
+    """Scientific code switching the default dtype, as a `with` block or a test fixture does."""
+    out = []
+    ids = torch.arange(5).to(device)
+    for default in (torch.float32, torch.float64, torch.float32):
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            out += [torch.ones(3, device=device), torch.full((2,), 0.1, device=device),
+                    torch.linspace(0, 1, 7, device=device), torch.arange(0, 1, 0.125, device=device),
+                    ids * 0.1, ids / 3, ids.sqrt(), torch.atan2(ids, ids + 1), (ids > 2) * 0.5,
+                    torch.zeros(2, 2, device=device).dtype, torch.scalar_tensor(1 / 3, device=device)]
+            pending = ids * (1 / 7)         # read after the default changed back: the trace's
+        finally:                            # default decides, not the one at the cut
+            torch.set_default_dtype(old)
+        if device != "cpu":
+            ltc.mark_step()
+        out.append(pending)
+    return out
+
+
+def test_the_default_dtype_when_traced_decides_dtypes_and_precision():
+    """`torch.set_default_dtype` after ops had run: factories and integer tensors promoted by a
+    Python float kept the old dtype (a per-signature cache), and a graph cut after the default
+    changed back computed float64 results in float32."""
+    want = _default_dtype_program("cpu")
+    got = _default_dtype_program("ltc:0")
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(w, torch.Tensor):
+            h = g.cpu()
+            assert h.dtype == w.dtype, (i, h.dtype, w.dtype)
+            torch.testing.assert_close(h, w, rtol=0, atol=0, msg=lambda m: f"output {i}: {m}")
+        else:
+            assert g == w, (i, g, w)

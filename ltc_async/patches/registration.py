@@ -35,6 +35,7 @@ from ..tensor.special import copy_into
 from . import (
     autocast,
     collectives,
+    default_dtype,
     fast_paths,
     fx_tracing,
     inplace,
@@ -362,4 +363,5 @@ def register() -> None:
     meta_kernels.register()        # shapes of ops PyTorch has no meta kernel for (_ctc_loss_backward)
     fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
     fx_tracing.patch()             # FX tracing on the tier-up thread leaves torch.compile alone elsewhere
+    default_dtype.patch()          # torch.set_default_dtype: per-signature caches start over
     _registered = True

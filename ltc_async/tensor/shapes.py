@@ -33,8 +33,20 @@ from ..ir.schema import GENERATOR, OpInfo
 from .lazy_tensor import LtcTensor
 
 FALLBACK = "fallback"                  # shape-cache value: run this signature eagerly
+
+
+class Promoted:
+    """Shape-cache value of a signature whose result dtype the default dtype decided (an integer
+    tensor and a Python float): traced as the same op on inputs cast to `dtype` (`trace.py`)."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+
 ONE = (None,)                          # the out_spec of one tensor output (compared by identity)
-# (op, template, *input metas) -> (output metas, out_spec, node key) | FALLBACK, where the node
+# (op, template, *input metas) -> (output metas, out_spec, node key) | FALLBACK | Promoted, where the node
 # key `(op, template)` is made once and shared by the nodes of the signature (see `trace.py`)
 cache: dict[tuple, Any] = {}
 _CACHE_MAX = 1 << 16

@@ -272,12 +272,21 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
         res = shapes.FALLBACK if func in _LAYOUT_DEPENDENT or info.qualname in config.force_fallback \
             else shapes.infer(func, info, full)   # force_fallback: `ltc.debug.force_fallback`
         if res is not shapes.FALLBACK:
-            # the entry keeps the node key (op, template), shared by every node of the signature
-            res = (res[0], res[1], (info.qualname, tpl))
-            if not ctx.backend.can_lower(Node(func, tuple(operands), tpl, tuple(scalars), res[0],
-                                              res[1], op_key=info.qualname)):
-                res = shapes.FALLBACK
+            promoted = _promoted_by_default(func, metas, res[0])
+            if promoted is not None:
+                res = promoted
+            else:
+                # the entry keeps the node key (op, template), shared by every node of the
+                # signature; a factory's dtype is spelled out (the default, decided now)
+                ntpl = _explicit_dtype(info, tpl, res[0]) if is_factory else tpl
+                res = (res[0], res[1], (info.qualname, ntpl))
+                if not ctx.backend.can_lower(Node(func, tuple(operands), ntpl, tuple(scalars), res[0],
+                                                  res[1], op_key=info.qualname)):
+                    res = shapes.FALLBACK
         shapes.remember(skey, res)
+    if type(res) is shapes.Promoted:
+        to = aten._to_copy.default
+        return trace(func, info, [to(v, dtype=res.dtype) if type(v) is LtcTensor else v for v in full])
     if res is shapes.FALLBACK:
         if ctx is not None and not is_factory:
             out = _bool_scalar_twin(func, info, full, ctx)
@@ -297,6 +306,30 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
         return make_tensor(ctx, node, 0, out_metas[0])
     outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(out_metas)]
     return _unflatten(outs, out_spec)
+
+
+def _promoted_by_default(func: Any, metas: list, out: tuple) -> shapes.Promoted | None:
+    """An elementwise op whose floating result dtype only the default dtype decided (`ids * 0.1`,
+    `ids / 2`, `sqrt(ids)`: no floating tensor among its inputs), as `Promoted`: it is traced on
+    inputs cast to that dtype, which computes what eager computes, and the node then names its
+    dtype -- the device never consults the default dtype, which may have changed by the time
+    the graph runs.  None for every other op (nearly all: the check runs once per signature)."""
+    if not out or not metas or not (out[0].dtype.is_floating_point or out[0].dtype.is_complex):
+        return None
+    if any(m.dtype.is_floating_point or m.dtype.is_complex for m in metas):
+        return None
+    if torch.Tag.pointwise not in func.tags or func.overloadpacket is aten.where:
+        return None
+    return shapes.Promoted(out[0].dtype)
+
+
+def _explicit_dtype(info: OpInfo, tpl: tuple, out: tuple) -> tuple:
+    """A factory's template with its `dtype=None` replaced by the dtype it makes (the default
+    dtype for floats: decided when traced, not when the device runs it)."""
+    at = info.index_of.get("dtype")
+    if at is None or at >= len(tpl) or tpl[at] is not None or not out:
+        return tpl
+    return tpl[:at] + (out[0].dtype,) + tpl[at + 1:]
 
 
 def _bool_scalar_twin(func: Any, info: OpInfo, full: Sequence, ctx: DeviceContext) -> Any:
@@ -491,7 +524,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                 f"        e{i} = _TREFS[len(ops) - 1]"]
     src += [f"    tpl = ({', '.join(entries)}{',' if n == 1 else ''})",
             "    res = _cache_get((qualname, tpl, *ms))",
-            "    if res is None or res is FALLBACK:",
+            "    if res is None or res.__class__ is not tuple:",   # FALLBACK, Promoted
             f"        return _trace(func, info, {full})",
             "    om, spec, key = res"]
     if info.identity:   # values are immutable: the input's value, unless the layout changes
