@@ -524,3 +524,42 @@ def test_the_default_dtype_when_traced_decides_dtypes_and_precision():
             torch.testing.assert_close(h, w, rtol=0, atol=0, msg=lambda m: f"output {i}: {m}")
         else:
             assert g == w, (i, g, w)
+
+
+_IN_PLACE_CALLS = {
+    "cast_back": lambda d, i, x: i.add_(0.5),
+    "grows_the_target": lambda d, i, x: x.add_(torch.ones(2, 3, 4).to(d)),
+    "overlapping_input": lambda d, i, x: x[0].mul_(x),
+    "negative_int_power": lambda d, i, x: i.pow_(-1),
+    "bound_does_not_broadcast": lambda d, i, x: x.clamp_(min=torch.ones(5).to(d)),
+    "out_cannot_hold_it": lambda d, i, x: torch.add(x, 1, out=torch.empty(3, 4, dtype=torch.long).to(d)),
+    "valid_clamp": lambda d, i, x: x.clamp_(0.2, 0.8),
+    "valid_pow": lambda d, i, x: x.pow_(0.5),
+    "valid_int_add": lambda d, i, x: i.add_(2),
+    "valid_index_add": lambda d, i, x: x.index_add_(0, torch.tensor([0, 2]).to(d), x[:2].clone()),
+}
+
+
+def _in_place_program(device: str) -> tuple[list, torch.Tensor, torch.Tensor]:
+    i = torch.arange(4).to(device)
+    x = torch.linspace(0.1, 1.2, 12).view(3, 4).to(device)
+    outcomes = []
+    for _ in range(3):   # a valid call and a refused one, again and again: each answers the same
+        for name, call in _IN_PLACE_CALLS.items():
+            try:
+                call(device, i, x)
+                outcomes.append((name, None))
+            except RuntimeError as e:
+                outcomes.append((name, type(e)))
+    return outcomes, i, x
+
+
+def test_in_place_ops_refuse_and_accept_the_same_calls_every_time():
+    """Functionalization checks each in-place call on meta tensors first; ltc_async remembers the
+    verdict per signature (the check is Python code costing up to milliseconds): a refused call
+    must be refused every time, and a valid one must still write."""
+    want = _in_place_program("cpu")
+    got = _in_place_program("ltc:0")
+    assert got[0] == want[0]
+    torch.testing.assert_close(got[1].cpu(), want[1], rtol=0, atol=0)
+    torch.testing.assert_close(got[2].cpu(), want[2])

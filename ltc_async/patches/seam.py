@@ -52,6 +52,7 @@ from ..ir.schema import aten_schemas, op_info
 from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.lazy_tensor import unwrap
 from ..tensor.trace import stand_ins
+from . import meta_checks
 
 _is_functional = torch._is_functional_tensor
 _Tensor = torch.Tensor
@@ -107,19 +108,31 @@ def _scalar_sibling(name: str, numbers: tuple) -> str | None:
     return _siblings[key]
 
 
-def _call(op: str, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> Any:
+def _call(op: str, ks: Any, args: tuple, kwargs: dict, slots: tuple, lazy: bool = False) -> Any:
     """The original Functionalize kernel of `op` (a qualified name).  A number in a Tensor slot (which
     `call_boxed` refuses) goes to the overload taking a Scalar there (`add_.Scalar`: what eager's
     wrapped numbers mean); without one, it is passed as a 0-dim host tensor of its wrapped
-    dtype, a stand-in for calls on `ltc` tensors."""
+    dtype, a stand-in for calls on `ltc` tensors.  `lazy`: it writes ltc tensors, so its meta
+    check is cached (`meta_checks.py`)."""
     numbers = tuple(i for i, name in slots
                     if (i < len(args) and type(args[i]) in _WRAPPED_DTYPE)
                     or (i >= len(args) and type(kwargs.get(name)) in _WRAPPED_DTYPE))
-    if not numbers:
-        return _originals[op].call_boxed(ks, *args, **kwargs)
-    sibling = _scalar_sibling(op, numbers)
-    if sibling is not None:
-        return _originals[sibling].call_boxed(ks, *args, **kwargs)
+    target = op if not numbers else (_scalar_sibling(op, numbers) or op)
+    if lazy:
+        meta_checks.ensure(target)
+        state = meta_checks.state
+        before, state.on = getattr(state, "on", False), True
+        try:
+            return _call_original(op, target, numbers, ks, args, kwargs, slots)
+        finally:
+            state.on = before
+    return _call_original(op, target, numbers, ks, args, kwargs, slots)
+
+
+def _call_original(op: str, target: str, numbers: tuple, ks: Any, args: tuple, kwargs: dict,
+                   slots: tuple) -> Any:
+    if not numbers or target != op:
+        return _originals[target].call_boxed(ks, *args, **kwargs)
     register = ks.has(_PU1)
     made: list[torch.Tensor] = []
     try:
@@ -227,7 +240,7 @@ def _kernel(schema: Any) -> Callable[..., Any]:
                 raise _mismatch(args[0], args[1], name.split("::")[-1], written_host=False)
             if sets and len(args) == 2 and args[1] is args[0]:
                 return args[0]   # `t.set_(t)` is a no-op; functionalization would freeze `t`
-            return _call(name, ks, args, kwargs, slots)
+            return _call(name, ks, args, kwargs, slots, lazy=_writes_lazy(args, kwargs))
         if not op:
             op.append(_overload(name))
         info = op_info(op[0])
@@ -235,6 +248,15 @@ def _kernel(schema: Any) -> Callable[..., Any]:
             return _call(name, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
         return _seam(op[0], info, args, kwargs)
     return kernel
+
+
+def _writes_lazy(args: tuple, kwargs: dict) -> bool:
+    """Does this in-place / out= call write an ltc tensor?  (Its first written argument tells:
+    a call writes tensors of one device.)"""
+    v = args[0] if args else next(iter(kwargs.values()), None)
+    if isinstance(v, (list, tuple)):
+        v = v[0] if v else None
+    return isinstance(v, _Tensor) and v.device.type == "ltc"
 
 
 def _index_kernel(ks: Any, self: torch.Tensor, indices: list) -> Any:
