@@ -14,7 +14,8 @@ one 8-token prompt, `max_new_tokens=new`, `do_sample=False`.  Engines:
 
 `cold` is the first `generate()` call of a fresh model copy (graph compiles included, per
 token); `warm` the median over `rounds` later calls with the same prompt length, rounds of the
-engines interleaved.  Also: graphs compiled by the warm calls (must be 0) and by a call with
+engines interleaved, after the ltc engines' graphs have settled on their tiers
+(`engines.settle_tiers`: calls past the tier-up threshold, background builds waited for).  Also: graphs compiled by the warm calls (must be 0) and by a call with
 another prompt length, and whether every engine's tokens equal eager's.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ import warnings
 import torch
 
 import ltc_async as ltc
+from benchmarks.engines import settle_tiers
 from benchmarks.harness import log, md_header, md_row
 
 DEV = "ltc:0"
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             cold[name] = (time.perf_counter() - t0) / args.new * 1e3
             runs[name] = (model, dev, [], compiles())
             log(f"{model_name} {name}: cold {cold[name]:.2f} ms/token")
+            if name != "eager":   # the steady state: past tier-ups and their trials
+                with torch.no_grad():
+                    settle_tiers(lambda: generate(model, prompt.to(dev), args.new), 1)
         for _ in range(args.rounds):
             for name in names:
                 model, dev, times, _ = runs[name]
