@@ -332,14 +332,33 @@ def _explicit_dtype(info: OpInfo, tpl: tuple, out: tuple) -> tuple:
     return tpl[:at] + (out[0].dtype,) + tpl[at + 1:]
 
 
+_bool_routes: dict[tuple, bool] = {}   # signature -> may the bools travel as ints
+
+
 def _bool_scalar_twin(func: Any, info: OpInfo, full: Sequence, ctx: DeviceContext) -> Any:
-    """`mask.masked_fill(m, True)`, `b & True`, `t == True`, `fill_(True)`: TorchScript has no
-    bool Scalar, so an op given a bool where its schema says Scalar runs as its `.Tensor`
-    overload, the bool a 0-dim bool tensor on the device -- which promotes exactly as the bool
-    Scalar does (bool is the lowest category: it never widens the result).  NotImplemented
-    where there is no such twin."""
+    """`mask.masked_fill(m, True)`, `b & True`, `t == True`, `fill_(True)`, `scatter_(1, i,
+    True)`: TorchScript has no bool Scalar.  Where the result's dtype does not depend on it
+    (a value written into a tensor of its own dtype, a comparison), the bool travels as an int;
+    elsewhere the op runs as its `.Tensor` overload, the bool a 0-dim bool tensor on the device
+    -- which promotes exactly as the bool Scalar does (bool is the lowest category: it never
+    widens the result).  NotImplemented where neither works (once per signature: `_bool_routes`)."""
     at = [i for i, (k, v) in enumerate(zip(info.kinds, full)) if k == K_SCALAR and type(v) is bool]
-    twin = getattr(func.overloadpacket, "Tensor", None) if at else None
+    if not at:
+        return NotImplemented
+    as_int = [int(v) if i in at else v for i, v in enumerate(full)]
+    key = (info.qualname, *[shapes.signature(v) for v in full])
+    ints = _bool_routes.get(key)
+    if ints is None:
+        try:
+            a, b = shapes.infer(func, info, list(full)), shapes.infer(func, info, list(as_int))
+            ints = a is not shapes.FALLBACK and b is not shapes.FALLBACK and \
+                [m.dtype for m in a[0]] == [m.dtype for m in b[0]]
+        except Exception:  # noqa: BLE001 - the twin (or the fallback) raises what eager raises
+            ints = False
+        _bool_routes[key] = ints
+    if ints:
+        return trace(func, info, as_int)
+    twin = getattr(func.overloadpacket, "Tensor", None)
     if twin is None or twin is func:
         return NotImplemented
     want = [a.type for a in func._schema.arguments]

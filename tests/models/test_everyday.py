@@ -456,12 +456,14 @@ def bool_and_complex_python_scalars(d):
     flags = torch.zeros(2, dtype=torch.bool).to(d).fill_(True) ^ (ids[:, 0] == True)
     scores = torch.randn(2, 4, 4).to(d).masked_fill(causal, float("-inf")).masked_fill(pad[:, None], True)
     counts = keep.long() + True
+    # transformers' NoRepeatNGramLogitsProcessor: banned tokens marked in a bool mask
+    banned = torch.zeros(2, 8, dtype=torch.bool).to(d).scatter_(1, ids.clamp(max=7), True)
     x = torch.randn(2, 4, 8).to(d)
     freqs = torch.outer(torch.arange(4.0), 1.0 / 10000 ** (torch.arange(0, 8, 2.0) / 8)).to(d)
     freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
     xc = torch.view_as_complex(x.reshape(2, 4, 4, 2))
     rotated = torch.view_as_real(xc * freqs_cis * 1j / (1 + 1j)).flatten(2)
-    return pad, keep, causal, flags, scores.softmax(-1), counts, rotated, (x * True).sum()
+    return pad, keep, causal, flags, scores.softmax(-1), counts, banned, rotated, (x * True).sum()
 
 
 @program
