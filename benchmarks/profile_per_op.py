@@ -1,7 +1,7 @@
 """The per-op path, measured layer by layer (issue 11; results in benchmarks/README.md,
 "Per-op path profile").
 
-    python -m benchmarks.profile_per_op [--only chain,layers,models] [--models gpt2,bert,mobilenet_v2]
+    python -m benchmarks.profile_per_op [--only chain,layers,inplace,models] [--models gpt2,bert,mobilenet_v2]
                                         [--rounds 15] [--steps 16]
 
 Every figure is a median, and also given in CPU time of the tracing thread
@@ -19,6 +19,8 @@ this tree's package where the old tree's `benchmarks/` has no `__init__.py`).
   functional wrapper of a subclass whose `__torch_dispatch__` only makes the output tensor.
   Rounds of all four interleaved.
 * `layers`: one traced `add` on 16x16 lazy tensors, and its parts, timed alone in loops.
+* `inplace`: in-place ops against their functional forms, eager beside (functionalization's
+  meta check of each in-place call, cached per signature: `patches/meta_checks.py`).
 * `models`: the real-workload suite's models (tests/models/test_models.py), steady training
   steps with one intra-op thread (`torch.set_num_threads(1)`: eager's whole step is then CPU
   time of this thread, and ltc_async's device worker gets one thread too): eager CPU per step,
@@ -155,6 +157,40 @@ def layers(rounds: int, n: int = 4000) -> None:
         print(md_row([name, f"{_med(v):.2f}"]))
 
 
+def inplace(rounds: int, n: int = 200) -> None:
+    """In-place ops against their functional forms (cpu us per call, eager beside): before its
+    functional op, functionalization checks each in-place call on meta tensors, with Python
+    reference kernels for ~700 ops (`patches/meta_checks.py` caches the verdict)."""
+    def ops(d: str) -> dict[str, Callable[[], Any]]:
+        x = torch.rand(64, 64).to(d) + 0.5
+        y = torch.rand(64, 64).to(d)
+        idx = torch.tensor([1, 2]).to(d)
+        return {"clamp_(0.1, 10)": lambda: x.clamp_(0.1, 10), "clamp(0.1, 10)": lambda: y.clamp(0.1, 10),
+                "pow_(1.0)": lambda: x.pow_(1.0), "pow(1.0)": lambda: y.pow(1.0),
+                "add_(y, alpha=0)": lambda: x.add_(y, alpha=0.0), "add(y)": lambda: y.add(y),
+                "neg_()": lambda: x.neg_(), "neg()": lambda: y.neg(),
+                "addcmul_(y, y, value=0)": lambda: x.addcmul_(y, y, value=0.0),
+                "index_add_(0, idx, y[:2], alpha=0)": lambda: x.index_add_(0, idx, y[:2], alpha=0.0),
+                "_foreach_mul_([x, y], 1.0)": lambda: torch._foreach_mul_([x, y], 1.0)}
+    per: dict[str, dict[str, list[float]]] = {}
+    for d in ("cpu", "ltc:0"):
+        calls = ops(d)
+        per[d] = {k: [] for k in calls}
+        for _ in range(rounds):
+            for name, f in calls.items():
+                c = _cpu()
+                for _ in range(n):
+                    f()
+                per[d][name].append((_cpu() - c) / n * 1e6)
+                if d != "cpu":
+                    ltc.mark_step()
+                    ltc.wait_device_ops()
+    print(f"\ninplace: 64x64 float32, cpu us per call, median of {rounds} rounds of {n}\n")
+    print(md_header(["op", "eager", "ltc_async"], "lrr"))
+    for name in per["cpu"]:
+        print(md_row([name, f"{_med(per['cpu'][name]):.1f}", f"{_med(per['ltc:0'][name]):.1f}"]))
+
+
 # -- models --------------------------------------------------------------------------------------
 
 _PHASES = ("zero_grad", "forward", "backward", "optimizer step", "mark_step")
@@ -242,7 +278,7 @@ def models(names: list[str], steps: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="chain,layers,models")
+    p.add_argument("--only", default="chain,layers,inplace,models")
     p.add_argument("--models", default="gpt2,bert,mobilenet_v2")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=16)
@@ -254,6 +290,8 @@ def main() -> int:
         chain(args.rounds)
     if "layers" in only:
         layers(args.rounds)
+    if "inplace" in only:
+        inplace(max(3, args.rounds // 3))
     if "models" in only:
         models(args.models.split(","), args.steps)
     return 0

@@ -9,6 +9,12 @@ broadcasting in Python): measured on a 64x64 tensor, `clamp_` cost 2.9 ms, `pow_
 real programs (PyG's `deg.pow_(-0.5)`, optimizers without foreach, in-place activations) paid it
 at every call.
 
+A refused call raises what eager raises for it, type and message: the meta kernels word some
+errors otherwise ("output with shape torch.Size([3, 4]) doesn't match the broadcast shape
+(2, 3, 4)"), so the first refusal per signature also runs the op by eager on host stand-ins
+(uninitialized, up to 64 MB: no values matter to these checks) and keeps eager's exception
+where it has the same type.
+
 The verdict only depends on what a meta run can see (shapes, strides, dtypes, number types:
 `shapes.signature`), so while the op path runs a functionalization kernel on `ltc` tensors
 (`seam.py` sets `state.on`), the Meta kernel of the op it calls is replaced by one that looks the
@@ -96,7 +102,7 @@ def _install(name: str) -> Any:
                 original.call_boxed(ks, *args, **kwargs)
                 verdict = _PASSED
             except Exception as e:  # noqa: BLE001 - remembered and raised again below
-                verdict = e
+                verdict = _in_eagers_words(name, args, kwargs, e)
             if len(_verdicts) >= _VERDICTS_MAX:
                 _verdicts.clear()
             _verdicts[key] = verdict
@@ -112,3 +118,35 @@ def _install(name: str) -> Any:
             _lib = torch.library.Library("aten", "IMPL")
         _lib.m.impl(name[len("aten::"):], "Meta", kernel, True)
     return returns
+
+
+_STAND_IN_BYTES = 64 << 20
+
+
+def _in_eagers_words(name: str, args: tuple, kwargs: dict, refused: Exception) -> Exception:
+    """`refused` (the meta kernel's error), or eager's error for the same call on host stand-ins
+    when eager refuses it with the same exception type."""
+    op_name, _, overload = name[len("aten::"):].partition(".")
+    try:
+        op = getattr(getattr(torch.ops.aten, op_name), overload or "default")
+    except AttributeError:
+        return refused
+    budget = [_STAND_IN_BYTES]
+
+    def host(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.device.type == "meta":
+            budget[0] -= v.numel() * v.element_size()
+            if budget[0] < 0:
+                raise MemoryError
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+        if isinstance(v, (list, tuple)):
+            return type(v)(host(e) for e in v)
+        return v
+
+    try:
+        op(*[host(a) for a in args], **{k: host(v) for k, v in kwargs.items()})
+    except MemoryError:
+        return refused
+    except Exception as eager:  # noqa: BLE001 - eager's words, if it refuses the call alike
+        return eager if type(eager) is type(refused) else refused
+    return refused
