@@ -138,6 +138,14 @@ _EAGER_WORDS = {
     "max_of_empty": lambda d: torch.zeros(0, device=d).max(),
     "argmax_of_empty": lambda d: torch.zeros(0, 3, device=d).argmax(),
     "linear": lambda d: torch.nn.functional.linear(torch.ones(2, 3, device=d), torch.ones(4, 5, device=d)),
+    # a mask of the wrong shape selected (or wrote) the leading rows silently
+    "short_mask": lambda d: torch.ones(4, 5, device=d)[torch.tensor([True, False], device=d)],
+    "mask_on_dim_1": lambda d: torch.ones(4, 5, device=d)[:, torch.tensor([True, False, True], device=d)],
+    "2d_mask": lambda d: torch.ones(4, 5, device=d)[torch.ones(2, 5, dtype=torch.bool, device=d)],
+    "long_mask": lambda d: torch.ones(4, 5, device=d)[torch.ones(6, dtype=torch.bool, device=d)],
+    "mask_write": lambda d: torch.ones(4, 5, device=d).__setitem__(torch.tensor([True, False], device=d), -1.0),
+    "mask_accumulate": lambda d: torch.ones(4, device=d).index_put_((torch.tensor([True], device=d),),
+                                                                      torch.ones(1, device=d), accumulate=True),
 }
 
 

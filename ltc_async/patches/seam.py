@@ -45,6 +45,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..base import counters
 from ..executor import graph_executor as gx
@@ -289,8 +290,29 @@ def _written_schemas() -> list[Any]:
 _libs: list = []
 
 
+def _patch_ctc_lengths() -> None:
+    """`F.ctc_loss(ltc_log_probs, ltc_targets, cpu_lengths, cpu_lengths)`: eager CUDA reads
+    length tensors on the host wherever they are (and moves the clamped target lengths to the
+    device for `reduction="mean"`); PyTorch's composite `ctc_loss` divides by the host tensor
+    there, which a lazy device refuses.  Host lengths are already host values: they are passed
+    as the lists the `IntList` overload takes (no read, the same computation)."""
+    original = F.ctc_loss
+
+    def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
+                 target_lengths: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if isinstance(log_probs, _Tensor) and log_probs.device.type == "ltc":
+            lengths = [v.tolist() if isinstance(v, _Tensor) and v.device.type == "cpu" and v.dim() == 1
+                       and not v.is_floating_point() else v for v in (input_lengths, target_lengths)]
+            if not any(isinstance(v, _Tensor) for v in lengths):   # the overload takes both as lists
+                input_lengths, target_lengths = lengths
+        return original(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+    ctc_loss.__doc__, ctc_loss.__wrapped__ = original.__doc__, original   # type: ignore[attr-defined]
+    F.ctc_loss = ctc_loss
+
+
 def register() -> None:
     """Put the seam kernel in front of every written op's Functionalize kernel (once)."""
+    _patch_ctc_lengths()
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # "Overriding a previously registered kernel": meant

@@ -158,9 +158,25 @@ def _is_mask(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
 
 
-def _long_indices(indices: list, func: Any) -> list:
+def _check_masks(x: Any, indices: list) -> None:
+    """Eager's check of each mask against the dims it indexes (`expandTensors`): a mask of
+    another shape would silently select (or write) the wrong elements."""
+    dim = 0
+    for t in indices:
+        if _is_mask(t):
+            for j in range(t.dim()):
+                if dim + j >= x.dim() or t.shape[j] != x.shape[dim + j]:
+                    raise IndexError(f"The shape of the mask {list(t.shape)} at index {j} does not match "
+                                     f"the shape of the indexed tensor {list(x.shape)} at index {dim + j}")
+            dim += t.dim()
+        else:
+            dim += 1
+
+
+def _long_indices(x: Any, indices: list, func: Any) -> list:
     """Boolean / byte masks among `Tensor?[]` indices as long index tensors, one per masked
     dimension (eager's `expandTensors`): the columns of `nonzero(mask)`."""
+    _check_masks(x, indices)
     out: list = []
     for t in indices:
         if _is_mask(t) and type(t) is not LtcTensor:   # a host mask: its indices, on the host
@@ -177,7 +193,7 @@ def _long_indices(indices: list, func: Any) -> list:
 def _index(func: Any, x: Any, indices: Any) -> Any:
     if not any(_is_mask(t) for t in indices):
         return _traced(func, x, indices)
-    return _traced(func, x, _long_indices(list(indices), func))
+    return _traced(func, x, _long_indices(x, list(indices), func))
 
 
 def _masked_select(func: Any, x: Any, mask: Any) -> Any:
@@ -186,7 +202,7 @@ def _masked_select(func: Any, x: Any, mask: Any) -> Any:
     shape = list(torch.broadcast_shapes(x.shape, mask.shape))
     xb = x if list(x.shape) == shape else _op(aten.expand_copy.default, x, shape)
     mb = mask if list(mask.shape) == shape else _op(aten.expand_copy.default, mask, shape)
-    return _traced(aten.index.Tensor, xb, _long_indices([mb], func))
+    return _traced(aten.index.Tensor, xb, _long_indices(xb, [mb], func))
 
 
 def _traced(func: Any, *args: Any) -> Any:
@@ -200,6 +216,7 @@ def _index_put(func: Any, x: Any, indices: Any, values: Any, accumulate: Any) ->
     masks = [t for t in indices if _is_mask(t)]
     if not masks:
         return _traced(func, x, indices, values, accumulate)
+    _check_masks(x, list(indices))
     if (len(indices) == 1 and not accumulate and values.numel() == 1
             and tuple(indices[0].shape) == tuple(x.shape)[: indices[0].dim()]):
         # `x[mask] = v`: a select, no read
@@ -209,7 +226,7 @@ def _index_put(func: Any, x: Any, indices: Any, values: Any, accumulate: Any) ->
         m = _op(aten.view_copy.default, mask, shape)
         v = _op(aten._to_copy.default, _op(aten.view_copy.default, values, []), dtype=x.dtype)
         return _op(aten.where.self, m, v, x)
-    return _traced(func, x, _long_indices(list(indices), func), values, accumulate)
+    return _traced(func, x, _long_indices(x, list(indices), func), values, accumulate)
 
 
 _BINCOUNT_DTYPES: dict[tuple, torch.dtype] = {}

@@ -481,6 +481,21 @@ def channels_last_cnn_training(d):
             m[3].weight.grad.stride(), plain.stride())
 
 
+@program
+def ctc_loss_with_host_lengths(d):
+    # speech recipes keep the length tensors a DataLoader collated on the host
+    lin = nn.Linear(6, 5).to(d)
+    feats = torch.randn(8, 2, 6).to(d)
+    targets = torch.tensor([[1, 2, 2], [3, 4, 0]]).to(d)
+    il, tl = torch.tensor([8, 7]), torch.tensor([3, 2])
+    out = []
+    for reduction in ("mean", "sum", "none"):
+        loss = nn.CTCLoss(reduction=reduction)(lin(feats).log_softmax(2), targets, il, tl)
+        loss.sum().backward()
+        out += [loss, lin.weight.grad.clone()]
+    return out
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
