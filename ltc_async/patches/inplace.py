@@ -260,7 +260,7 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
         _copy(root, host_root)  # torch's own copy_: the root takes writes (`_takes_writes`)
 
 
-def _check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], args: tuple,
+def check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], args: tuple,
                                kwargs: dict) -> None:
     """Raise what eager raises for a write reading an argument that overlaps its target ("some
     elements of the input tensor and the written-to tensor refer to a single memory
@@ -297,7 +297,7 @@ def _lazy(t: Any) -> bool:
     return type(t) is torch.Tensor and _is_functional(t) and t.device.type == "ltc"
 
 
-def _aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+def aliased_argument(self: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     """Does another argument share memory with `self` (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`)?
     Eager reads such inputs while it writes (or rejects a partial overlap); the functional op
     reads them before.  Views of one base whose memory ranges are disjoint (`chunk`s) are fine."""
@@ -353,11 +353,11 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
         if _write_needs_host(self):
             write_on_host(self, original, args, kwargs)
             return self
-        if _aliased_argument(self, args, kwargs):
+        if aliased_argument(self, args, kwargs):
             if not _recorded(self, args, kwargs):
                 write_on_host(self, original, args, kwargs)
                 return self
-            _check_aliasing_like_eager(self, original, args, kwargs)  # autograd: functional op
+            check_aliasing_like_eager(self, original, args, kwargs)  # autograd: functional op
         try:
             return original(self, *args, **kwargs)
         except RuntimeError as e:

@@ -53,7 +53,7 @@ from ..ir.schema import aten_schemas, op_info
 from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.lazy_tensor import unwrap
 from ..tensor.trace import stand_ins
-from . import meta_checks
+from . import inplace, meta_checks
 
 _is_functional = torch._is_functional_tensor
 _Tensor = torch.Tensor
@@ -224,6 +224,10 @@ def _kernel(schema: Any) -> Callable[..., Any]:
                   if isinstance(a.type, torch._C.TensorType)
                   and not (a.alias_info is not None and a.alias_info.is_write))
     sets = name in _SETS
+    # an `out=` overload writing one kwarg-only tensor (`add.out`): eager refuses an `out` that
+    # partially overlaps an input, which functionalization (reading inputs first) would not
+    kwarg_only = {a.name for a in schema.arguments if a.kwarg_only}
+    out_arg = written[0][1] if len(written) == 1 and written[0][1] in kwarg_only else None
     op: list = []   # the OpOverload, made on the first seam call (not at import: 1200 of them)
 
     def kernel(ks: Any, *args: Any, **kwargs: Any) -> Any:
@@ -241,7 +245,12 @@ def _kernel(schema: Any) -> Callable[..., Any]:
                 raise _mismatch(args[0], args[1], name.split("::")[-1], written_host=False)
             if sets and len(args) == 2 and args[1] is args[0]:
                 return args[0]   # `t.set_(t)` is a no-op; functionalization would freeze `t`
-            return _call(name, ks, args, kwargs, slots, lazy=_writes_lazy(args, kwargs))
+            lazy = _writes_lazy(args, kwargs)
+            if lazy and out_arg is not None:
+                if not op:
+                    op.append(_overload(name))
+                _check_out_overlap(op[0], out_arg, args, kwargs)
+            return _call(name, ks, args, kwargs, slots, lazy=lazy)
         if not op:
             op.append(_overload(name))
         info = op_info(op[0])
@@ -249,6 +258,16 @@ def _kernel(schema: Any) -> Callable[..., Any]:
             return _call(name, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
         return _seam(op[0], info, args, kwargs)
     return kernel
+
+
+def _check_out_overlap(op: Any, out_arg: str, args: tuple, kwargs: dict) -> None:
+    """`torch.add(z[1:], 1, out=z[:-1])`: eager's error for an `out` sharing memory with an
+    input other than exactly (the check and its CPU stand-ins are `inplace.py`'s)."""
+    out = kwargs.get(out_arg)
+    rest = {k: v for k, v in kwargs.items() if k != out_arg}
+    if not isinstance(out, _Tensor) or not inplace.aliased_argument(out, args, rest):
+        return
+    inplace.check_aliasing_like_eager(out, lambda o, *a, **k: op(*a, **k, **{out_arg: o}), args, rest)
 
 
 def _writes_lazy(args: tuple, kwargs: dict) -> bool:
