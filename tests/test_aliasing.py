@@ -535,3 +535,42 @@ def test_out_variants_and_grad_modes_match_eager():
     v = torch.zeros(2, 2, device="ltc:0").requires_grad_()
     (v * la[:2, :2]).sum().backward()
     torch.testing.assert_close(v.grad.cpu(), a[:2, :2])
+
+
+_VIEWS = {
+    "select": lambda x: x[1],
+    "slice_with_step": lambda x: x[1:, ::2],
+    "view_of_a_view": lambda x: x[1][2:],
+    "diagonal_above": lambda x: x.diagonal(2),
+    "diagonal_below": lambda x: x.diagonal(-1),
+    "narrow": lambda x: x.narrow(1, 2, 2),
+    "split_piece": lambda x: x.split(2)[2],
+    "unbind_piece": lambda x: x.unbind(1)[3],
+    "chunk_of_transpose": lambda x: x.t().chunk(2)[1],
+    "permute_of_slice": lambda x: x[2:].permute(1, 0),
+    "unfold": lambda x: x[1].unfold(0, 2, 1),
+    "expand_of_row": lambda x: x[3:4].expand(2, 5),
+    "flat_view_of_rows": lambda x: x[2:].reshape(-1),
+    "as_strided": lambda x: x.as_strided((2, 2), (5, 1), 6),
+    "detach_of_view": lambda x: x[2].detach(),
+    "real_of_complex_row": lambda x: torch.view_as_real(torch.complex(x, x)[1:]),
+    "imag": lambda x: torch.complex(x, x)[2].imag,
+}
+
+
+@pytest.mark.parametrize("view", list(_VIEWS))
+def test_views_report_eagers_storage_offset(view):
+    """`storage_offset()` as eager reports it (it was 0 for every view): code rebuilding a view
+    with `as_strided(v.size(), v.stride(), v.storage_offset())` read from the storage's start."""
+    def program(device):
+        x = torch.arange(25.0).view(5, 5).to(device)
+        v = _VIEWS[view](x)
+        before = (v.storage_offset(), v.stride(), v.is_contiguous())
+        x.mul_(2)                                      # views are regenerated from the base
+        rebuilt = v.as_strided(v.size(), v.stride(), v.storage_offset())
+        return before, v.storage_offset(), v.cpu(), rebuilt.cpu()
+
+    want, got = program("cpu"), program(DEV)
+    assert got[:2] == want[:2]
+    torch.testing.assert_close(got[2], want[2])
+    torch.testing.assert_close(got[3], want[3])

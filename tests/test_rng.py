@@ -87,6 +87,48 @@ def test_explicit_cpu_generator_reproducible():
     assert not torch.equal(a.cpu(), c.cpu())
 
 
+_REFUSED_SAMPLES = {
+    "rand_int": lambda d: torch.rand(3, dtype=torch.int64, device=d),
+    "uniform_int": lambda d: torch.zeros(3, dtype=torch.int64, device=d).uniform_(),
+    "bernoulli_int": lambda d: torch.bernoulli(torch.ones(3, dtype=torch.int64, device=d)),
+    "poisson_int": lambda d: torch.poisson(torch.ones(3, dtype=torch.int64, device=d)),
+    "multinomial_int": lambda d: torch.multinomial(torch.ones(3, dtype=torch.int64, device=d), 1),
+    "multinomial_none": lambda d: torch.multinomial(torch.ones(3, device=d), 0),
+    "randperm_bool": lambda d: torch.randperm(3, dtype=torch.bool, device=d),
+    "random_empty_range": lambda d: torch.zeros(3, device=d).random_(5, 5),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED_SAMPLES))
+def test_samplers_refuse_at_the_line_like_eager(case):
+    """Meta kernels accept these; the device refused them at the next barrier, as a
+    ComputationError.  Eager's exception, type and message, now comes at the line, and the
+    user's random streams do not move for the check."""
+    with pytest.raises(Exception) as eager:
+        _REFUSED_SAMPLES[case]("cpu")
+    state = torch.get_rng_state()
+    with pytest.raises(type(eager.value)) as lazy:
+        _REFUSED_SAMPLES[case](DEV)
+    assert str(lazy.value) == str(eager.value)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.testing.assert_close(torch.ones(2, device=DEV).cpu() * 2, torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("fill", ["exponential_", "geometric_", "cauchy_", "log_normal_", "uniform_", "normal_"])
+def test_every_in_place_sampler_takes_a_generator(fill):
+    """`t.exponential_(generator=g)` and kin raised PyTorch's "generator is not supported in
+    refs" from the in-place meta check; eager takes a generator in all of them."""
+    args = (0.5,) if fill == "geometric_" else ()
+
+    def draw(seed):
+        g = torch.Generator().manual_seed(seed)
+        return getattr(torch.empty(50, device=DEV), fill)(*args, generator=g).cpu()
+    a, b, c = draw(3), draw(3), draw(4)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(a, c)
+    assert torch.isfinite(a).all() and a.shape == (50,)
+
+
 @pytest.mark.skipif(not __import__("ltc_async.patches.native", fromlist=["x"]).loaded,
                     reason="torch.Generator(device='ltc:N') needs the optional native hooks (make setup builds them)")
 def test_a_generator_on_the_device_as_sampling_code_makes_one():

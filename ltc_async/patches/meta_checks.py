@@ -98,6 +98,8 @@ def _install(name: str) -> Any:
         except TypeError:   # an unhashable argument: not cached
             return original.call_boxed(ks, *args, **kwargs)
         if verdict is None:
+            if kwargs.get("generator") is not None:   # the reference kernels refuse one ("not
+                kwargs = {**kwargs, "generator": None}   # supported in refs"); shapes ignore it
             try:
                 original.call_boxed(ks, *args, **kwargs)
                 verdict = _PASSED

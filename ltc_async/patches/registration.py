@@ -240,7 +240,22 @@ def _wrap_result(out: Any) -> Any:
     return out
 
 
+def _inner(v: Any) -> Any:
+    """A user-facing (functional) ltc tensor as its inner `LtcTensor`; anything else as it is."""
+    if isinstance(v, torch.Tensor) and type(v) is not LtcTensor and v.device.type == "ltc" \
+            and torch._is_functional_tensor(v):
+        return unwrap(v)
+    if type(v) in (list, tuple):
+        return type(v)(_inner(e) for e in v)
+    return v
+
+
 def _privateuse1_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    # Calls made below functionalization's key with the user's tensors reach this fallback with
+    # the functional wrappers themselves: `torch.tensor([a, b])` of 0-dim ltc tensors reads each
+    # with `_local_scalar_dense` that way (which looped back here until the recursion limit)
+    args = tuple(_inner(a) for a in args)
+    kwargs = {k: _inner(v) for k, v in kwargs.items()}
     out = dispatch(op, args, kwargs)
     if torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE):
         return out  # called from inside functionalization: it wraps the result itself

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..executor import arena
 from ..ir.node import TensorMeta
 from ..ir.schema import GENERATOR, OpInfo
 from .lazy_tensor import LtcTensor
@@ -54,10 +55,23 @@ _META = torch.device("meta")
 _COPY = torch.ops.aten.copy.default
 
 
+# the same key -> for a view op (`x_copy`), each output's storage offset relative to its input's
+# (`trace.view_offsets`): eager's `select`, `slice`, `diagonal`, `split` start past the input's
+view_rel: dict[tuple, tuple[int, ...]] = {}
+
+
 def remember(key: tuple, res: Any) -> None:
     if len(cache) >= _CACHE_MAX:  # programs with endless new shapes
         cache.clear()
+        view_rel.clear()
     cache[key] = res
+
+
+def relative_offsets(info: OpInfo, full: list) -> tuple[int, ...]:
+    """A view op's outputs' storage offsets on an input at offset 0, from its meta kernel."""
+    out = call(info.view_op, info, [to_meta(v) for v in full])
+    return tuple(o.storage_offset() for o in (out if isinstance(out, (tuple, list)) else (out,))
+                 if isinstance(o, torch.Tensor))
 
 
 def signature(v: Any) -> Any:
@@ -77,6 +91,8 @@ def signature(v: Any) -> Any:
         return (t, v)
     if isinstance(v, torch.Tensor):
         return (t, v.device, tuple(v.shape), v.stride(), v.dtype)
+    if t is torch.Generator:   # its state decides values, never shapes
+        return t
     return v
 
 
@@ -121,6 +137,8 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         eager = _run_like_eager(func, info, full, out)
         if eager is not None:
             out = _with_dtypes_of(out, eager)
+    elif _small(out):
+        _sample_like_eager(func, info, full)
     if func in _CONVOLUTIONS:
         out = _conv_layout(func, full, out)
     if info.view_op is not None:  # eager's strides for view ops functionalization turned into copies
@@ -250,6 +268,31 @@ def _raise_eagers_error(func: Any, info: OpInfo, full: list) -> None:
         raise e.with_traceback(None) from None
     except Exception:  # noqa: BLE001 - anything else: meta's error stands
         return
+
+
+def _sample_like_eager(func: Any, info: OpInfo, full: list) -> None:
+    """A random op, run once per signature by eager on ones (a value no sampler refuses) with a
+    generator of its own (the user's streams do not move): eager's error for what its kernels
+    refuse -- `rand(3, dtype=torch.int64)`, `bernoulli` of an integer tensor, `multinomial(p,
+    0)` -- raised at the line, where meta kernels accept the call and the device would fail at
+    the next barrier."""
+    lazy = _lazy_inputs(full)
+    device = lazy[0]._ctx.backend_device if lazy else next(
+        (v for v in full if isinstance(v, torch.device)), torch.device("cpu"))
+    if isinstance(device, torch.device) and device.type == "ltc":
+        device = arena.get(device).backend_device
+    if sum(t._m.dtype.itemsize * math.prod(t._m.shape) for t in lazy) > _STAND_IN_BYTES:
+        return
+    args = []
+    for k, v in zip(info.kinds, full):
+        if type(v) is LtcTensor:
+            v = torch.ones(v._m.shape, dtype=v._m.dtype, device=device)
+        elif k == GENERATOR:
+            v = torch.Generator(device=device)
+        elif isinstance(v, torch.device) and v.type == "ltc":
+            v = device
+        args.append(v)
+    call(func, info, args)
 
 
 def _small(out: Any) -> bool:

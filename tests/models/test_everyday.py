@@ -496,6 +496,16 @@ def ctc_loss_with_host_lengths(d):
     return out
 
 
+@program
+def tensors_built_from_scalar_tensors(d):
+    # metrics gathered per step as 0-dim tensors, then stacked the quick way
+    x = torch.randn(4, 3).to(d)
+    losses = [x[i].square().mean() for i in range(4)]
+    accs = [(x[i] > 0).float().mean() for i in range(4)]
+    return (torch.tensor(losses), torch.as_tensor([losses[0], accs[1]]), torch.tensor([[losses[2]], [3.0]]),
+            torch.tensor(losses, device=d), torch.stack(losses))
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
