@@ -227,15 +227,21 @@ def test_checkpoint_of_an_ltc_model_loads_into_a_cpu_model_and_optimizer(load):
     torch.save({"model": lazy.state_dict(), "opt": opt_l.state_dict()}, f)
     f.seek(0)
     ckpt = torch.load(f, **load)
-    cpu_model = _mlp()
-    cpu_model.load_state_dict(ckpt["model"])            # every tensor copied into CPU memory
-    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-2)
-    cpu_opt.load_state_dict(ckpt["opt"])
-    _assert_same(cpu_model, eager)
-    # training resumes on the CPU exactly as the eager run continues
-    _train(cpu_model, cpu_opt, None)
+    # every tensor copied into CPU memory; training resumes there as the eager run continues
+    _resumes_like_eager(ckpt, None, eager, opt_e)
+
+
+def _resumes_like_eager(ckpt: dict, device: str | None, eager: nn.Module, opt_e: torch.optim.Optimizer) -> None:
+    """A fresh model and AdamW on `device` (None: the CPU) loaded from `ckpt` equal the eager
+    run, and keep equal to it through more training."""
+    model = _mlp() if device is None else _mlp().to(device)
+    model.load_state_dict(ckpt["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt.load_state_dict(ckpt["opt"])
+    _assert_same(model, eager)
+    _train(model, opt, device)
     _train(eager, opt_e, None)
-    _assert_same(cpu_model, eager)
+    _assert_same(model, eager)
 
 
 @pytest.mark.parametrize("assign", [False, True])
@@ -276,14 +282,7 @@ def test_a_cpu_checkpoint_loads_straight_onto_the_device_and_training_resumes(wh
     f.seek(0)
     ckpt = torch.load(f, map_location=MAP_LOCATIONS[where], weights_only=weights_only)
     assert all(t.device == torch.device(D) for t in ckpt["model"].values())
-    lazy = _mlp().to(D)
-    lazy.load_state_dict(ckpt["model"])
-    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2)
-    opt_l.load_state_dict(ckpt["opt"])
-    _assert_same(lazy, eager)
-    _train(lazy, opt_l, D)
-    _train(eager, opt_e, None)
-    _assert_same(lazy, eager)
+    _resumes_like_eager(ckpt, D, eager, opt_e)
 
 
 @pytest.mark.parametrize("saved_on", ["cpu", D])
