@@ -12,7 +12,7 @@ at every call.
 A refused call raises what eager raises for it, type and message: the meta kernels word some
 errors otherwise ("output with shape torch.Size([3, 4]) doesn't match the broadcast shape
 (2, 3, 4)"), so the first refusal per signature also runs the op by eager on host stand-ins
-(uninitialized, up to 64 MB: no values matter to these checks) and keeps eager's exception
+(zeros, up to 64 MB: valid indices, no values these checks read) and keeps eager's exception
 where it has the same type.
 
 The verdict only depends on what a meta run can see (shapes, strides, dtypes, number types:
@@ -140,7 +140,9 @@ def _in_eagers_words(name: str, args: tuple, kwargs: dict, refused: Exception) -
             budget[0] -= v.numel() * v.element_size()
             if budget[0] < 0:
                 raise MemoryError
-            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+            extent = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) if all(v.shape) else 0
+            return torch.zeros(extent + v.storage_offset(), dtype=v.dtype).as_strided(
+                v.shape, v.stride(), v.storage_offset())
         if isinstance(v, (list, tuple)):
             return type(v)(host(e) for e in v)
         return v

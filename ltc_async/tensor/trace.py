@@ -383,6 +383,8 @@ def _bool_scalar_twin(func: Any, info: OpInfo, full: Sequence, ctx: DeviceContex
                 [m.dtype for m in a[0]] == [m.dtype for m in b[0]]
         except Exception:  # noqa: BLE001 - the twin (or the fallback) raises what eager raises
             ints = False
+        if len(_bool_routes) >= 4096:   # programs with endless new shapes
+            _bool_routes.clear()
         _bool_routes[key] = ints
     if ints:
         return trace(func, info, as_int)
