@@ -24,7 +24,6 @@ from . import inplace
 
 def _forget() -> None:
     shapes.cache.clear()
-    shapes.view_rel.clear()
     inplace._result_dtypes.clear()
     decompositions._checked.clear()
 

@@ -56,11 +56,10 @@ class LtcTensor(torch.Tensor):
         return f"LtcTensor({self._v[0].name}, shape={tuple(meta.shape)}, dtype={meta.dtype}, device={self._ctx.device})"
 
 
-def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta, offset: int | None = None) -> LtcTensor:
+def make_tensor(ctx: Any, node: Node, idx: int, meta: TensorMeta) -> LtcTensor:
     # positional (size, strides, storage_offset, memory_format, dtype, layout, device): the
-    # keyword form costs ~15% more in PyTorch's argument parser, on every traced op.  `offset`:
-    # the storage offset eager would report (views only: `trace.view_offsets`)
-    t = _make_wrapper(LtcTensor, meta.shape, meta.stride, offset, None, meta.dtype, _STRIDED, ctx.device)
+    # keyword form costs ~15% more in PyTorch's argument parser, on every traced op
+    t = _make_wrapper(LtcTensor, meta.shape, meta.stride, None, None, meta.dtype, _STRIDED, ctx.device)
     _counters["CreateLtcTensor"] = _counters.get("CreateLtcTensor", 0) + 1
     t._v = (node, idx)
     t._m = meta

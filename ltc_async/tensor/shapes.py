@@ -55,23 +55,10 @@ _META = torch.device("meta")
 _COPY = torch.ops.aten.copy.default
 
 
-# the same key -> for a view op (`x_copy`), each output's storage offset relative to its input's
-# (`trace.view_offsets`): eager's `select`, `slice`, `diagonal`, `split` start past the input's
-view_rel: dict[tuple, tuple[int, ...]] = {}
-
-
 def remember(key: tuple, res: Any) -> None:
     if len(cache) >= _CACHE_MAX:  # programs with endless new shapes
         cache.clear()
-        view_rel.clear()
     cache[key] = res
-
-
-def relative_offsets(info: OpInfo, full: list) -> tuple[int, ...]:
-    """A view op's outputs' storage offsets on an input at offset 0, from its meta kernel."""
-    out = call(info.view_op, info, [to_meta(v) for v in full])
-    return tuple(o.storage_offset() for o in (out if isinstance(out, (tuple, list)) else (out,))
-                 if isinstance(o, torch.Tensor))
 
 
 def signature(v: Any) -> Any:

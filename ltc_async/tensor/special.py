@@ -141,7 +141,7 @@ def _same_value(func: Any, args: tuple, kwargs: dict) -> Any:
     parameter is a `detach` view), so they skip the generic path."""
     x = args[0]
     counters.counter("ltc::detach_copy" if func is aten.detach_copy.default else "ltc::alias_copy")
-    return make_tensor(x._ctx, x._v[0], x._v[1], x._m, x.storage_offset() or None)
+    return make_tensor(x._ctx, x._v[0], x._v[1], x._m)
 
 
 _IDENTITY = {aten.detach_copy.default, aten.alias_copy.default, aten.lift_fresh_copy.default,

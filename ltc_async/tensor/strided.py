@@ -19,7 +19,7 @@ import torch
 
 from ..ir.schema import op_info
 from .dispatch import dispatch, register_handlers
-from .lazy_tensor import LtcTensor, make_tensor
+from .lazy_tensor import LtcTensor
 from .trace import trace
 
 aten = torch.ops.aten
@@ -71,19 +71,10 @@ def as_strided_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     x, size, stride, offset = full[:4]
     block = _block(x, size, stride, offset) if type(x) is LtcTensor else None
     if block is None:
-        return _reporting(trace(func, info, full), offset, x)   # eager, on eager's layout
+        return trace(func, info, full)   # eager, on eager's layout
     start, n = block
     part = _op(aten.slice_copy.Tensor, _flat(x), 0, start, start + n)
-    return _reporting(_op(aten.view_copy.default, part, list(size)), offset, x)
-
-
-def _reporting(t: Any, offset: Any, x: Any) -> Any:
-    """`t` reporting the storage offset eager gives `as_strided(x, ..., offset)`: the one asked
-    for, or `x`'s own when none is."""
-    want = (x.storage_offset() if isinstance(x, torch.Tensor) else 0) if offset is None else offset
-    if type(t) is not LtcTensor or t.storage_offset() == want:
-        return t
-    return make_tensor(t._ctx, t._v[0], t._v[1], t._m, want)
+    return _op(aten.view_copy.default, part, list(size))
 
 
 def as_strided_scatter(func: Any, args: tuple, kwargs: dict) -> Any:

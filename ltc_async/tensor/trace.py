@@ -283,11 +283,6 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
                 if not ctx.backend.can_lower(Node(func, tuple(operands), ntpl, tuple(scalars), res[0],
                                                   res[1], op_key=info.qualname)):
                     res = shapes.FALLBACK
-                elif info.view_op is not None:
-                    try:
-                        shapes.view_rel[skey] = shapes.relative_offsets(info, full)
-                    except Exception:  # noqa: BLE001 - the view reports offset 0, as before
-                        pass
         shapes.remember(skey, res)
     if type(res) is shapes.Promoted:
         to = aten._to_copy.default
@@ -299,41 +294,18 @@ def trace(func: Any, info: OpInfo, full: Sequence) -> Any:
                 return out
         return eager_fallback(_LAYOUT_DEPENDENT.get(func, func), info, _with_uploads(full, uploaded, ctx), ctx)
     out_metas, out_spec, nkey = res
-    offs = view_offsets(full[0], out_metas, shapes.view_rel.get(skey)) if info.view_op is not None else _NO_OFFSETS
     if info.identity:  # values are immutable: the output is the input's value ...
         node, i = operands[0]
         if node.outputs[i].stride == out_metas[0].stride:
-            return make_tensor(ctx, node, i, out_metas[0], offs[0])
+            return make_tensor(ctx, node, i, out_metas[0])
         # ... unless it has another layout (`contiguous()` of a transposed or expanded tensor):
         # kernels that read memory directly trust the layout they were promised
     node = Node(func, tuple(operands), nkey[1], tuple(scalars), out_metas, out_spec, None,
                 caller_location() if config.ir_debug else None, info.qualname, nkey)
     if out_spec is _ONE:
-        return make_tensor(ctx, node, 0, out_metas[0], offs[0])
-    outs = [make_tensor(ctx, node, i, m, offs[i]) for i, m in enumerate(out_metas)]
+        return make_tensor(ctx, node, 0, out_metas[0])
+    outs = [make_tensor(ctx, node, i, m) for i, m in enumerate(out_metas)]
     return _unflatten(outs, out_spec)
-
-
-class _NoOffsets:
-    """Offsets of outputs that are not views: None for every index (no list to build)."""
-
-    def __getitem__(self, i: int) -> None:
-        return None
-
-
-_NO_OFFSETS = _NoOffsets()
-
-
-def view_offsets(x: Any, out_metas: Sequence[TensorMeta], rel: tuple | None) -> Any:
-    """The storage offsets eager reports for a view op's outputs: its input's (in elements of
-    each output's dtype: `view_as_real` doubles it) plus the view's own (`x[1]` of a 5x5 tensor
-    starts at 5).  Functionalization replays views from their base, whose value starts at 0, so
-    offsets add up along a chain of views as eager's do."""
-    base = x.storage_offset() if type(x) is LtcTensor else 0
-    if rel is None or (not base and not any(rel)):
-        return _NO_OFFSETS
-    item = x._m.dtype.itemsize if type(x) is LtcTensor else 1
-    return [base * item // m.dtype.itemsize + r for m, r in zip(out_metas, rel)]
 
 
 def _promoted_by_default(func: Any, metas: list, out: tuple) -> shapes.Promoted | None:
@@ -572,23 +544,19 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                 "        ms.append(node.outputs[0])",
                 f"        e{i} = _TREFS[len(ops) - 1]"]
     src += [f"    tpl = ({', '.join(entries)}{',' if n == 1 else ''})",
-            "    sk = (qualname, tpl, *ms)",
-            "    res = _cache_get(sk)",
+            "    res = _cache_get((qualname, tpl, *ms))",
             "    if res is None or res.__class__ is not tuple:",   # FALLBACK, Promoted
             f"        return _trace(func, info, {full})",
             "    om, spec, key = res"]
-    # views report eager's storage offsets (`view_offsets`); other ops' outputs start at 0
-    src += ["    offs = view_offsets(a0, om, _view_rel.get(sk))" if info.view_op is not None
-            else "    offs = _NO_OFFSETS"]
     if info.identity:   # values are immutable: the input's value, unless the layout changes
         src += ["    o = ops[0]",
                 "    if o[0].outputs[o[1]].stride == om[0].stride:",
-                "        return make_tensor(ctx, o[0], o[1], om[0], offs[0])"]
+                "        return make_tensor(ctx, o[0], o[1], om[0])"]
     src += ["    node = Node(func, tuple(ops), key[1], tuple(sc), om, spec, None,",
             "                caller_location() if config.ir_debug else None, qualname, key)",
             "    if spec is _ONE:",
-            "        return make_tensor(ctx, node, 0, om[0], offs[0])",
-            "    return _unflatten([make_tensor(ctx, node, i, m, offs[i]) for i, m in enumerate(om)], spec)"]
+            "        return make_tensor(ctx, node, 0, om[0])",
+            "    return _unflatten([make_tensor(ctx, node, i, m) for i, m in enumerate(om)], spec)"]
     namespace = dict(func=func, info=info, qualname=info.qualname, _trace=trace, LtcTensor=LtcTensor,
                      counter=info.counter, _counters=_counters, bind=info.bind, **defaults,
                      _device=torch.device, _arena_get=arena.get,
@@ -596,7 +564,6 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                      _INT64=_INT64, _is_wide=_is_wide, exact=exact, scalar_node=scalar_node,
                      stand_ins=stand_ins, _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
                      make_tensor=make_tensor, _unflatten=_unflatten, config=config,
-                     view_offsets=view_offsets, _view_rel=shapes.view_rel, _NO_OFFSETS=_NO_OFFSETS,
                      caller_location=caller_location)
     # named as a file of this package, so that `caller_location` looks past it to the user's line
     exec(compile("\n".join(src), f"{__file__}<plan {info.qualname}>", "exec"), namespace)
