@@ -89,6 +89,8 @@ def test_explicit_cpu_generator_reproducible():
 
 _REFUSED_SAMPLES = {
     "rand_int": lambda d: torch.rand(3, dtype=torch.int64, device=d),
+    "randn_int": lambda d: torch.randn(3, dtype=torch.int64, device=d),
+    "normal_int": lambda d: torch.zeros(3, dtype=torch.int64, device=d).normal_(),
     "uniform_int": lambda d: torch.zeros(3, dtype=torch.int64, device=d).uniform_(),
     "bernoulli_int": lambda d: torch.bernoulli(torch.ones(3, dtype=torch.int64, device=d)),
     "poisson_int": lambda d: torch.poisson(torch.ones(3, dtype=torch.int64, device=d)),

@@ -13,7 +13,7 @@ A refused call raises what eager raises for it, type and message: the meta kerne
 errors otherwise ("output with shape torch.Size([3, 4]) doesn't match the broadcast shape
 (2, 3, 4)"), so the first refusal per signature also runs the op by eager on host stand-ins
 (zeros, up to 64 MB: valid indices, no values these checks read) and keeps eager's exception
-where it has the same type.
+where it has the same type, or is eager's "not implemented for" a dtype.
 
 The verdict only depends on what a meta run can see (shapes, strides, dtypes, number types:
 `shapes.signature`), so while the op path runs a functionalization kernel on `ltc` tensors
@@ -152,5 +152,6 @@ def _in_eagers_words(name: str, args: tuple, kwargs: dict, refused: Exception) -
     except MemoryError:
         return refused
     except Exception as eager:  # noqa: BLE001 - eager's words, if it refuses the call alike
-        return eager if type(eager) is type(refused) else refused
+        # (or says its kernel has no case for the dtype: `normal_` of an integer tensor)
+        return eager if type(eager) is type(refused) or type(eager) is NotImplementedError else refused
     return refused

@@ -118,7 +118,10 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         # can tell, so the op runs eagerly
         if info.dynamic_shape and "meta" in str(e).lower():
             return FALLBACK
-        _raise_eagers_error(func, info, full)   # eager's words for the same mistake, if it agrees
+        if info.seeded:   # eager's error (`randn(3, dtype=torch.int64)`: NotImplementedError)
+            _sample_like_eager(func, info, full)
+        else:
+            _raise_eagers_error(func, info, full)   # eager's words for the same mistake, if it agrees
         raise
     if not info.seeded:
         eager = _run_like_eager(func, info, full, out)
