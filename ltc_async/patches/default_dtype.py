@@ -14,6 +14,7 @@ clearing one is a single dict operation.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -32,11 +33,11 @@ def patch() -> None:
     for name in ("set_default_dtype", "set_default_tensor_type"):
         original = getattr(torch, name)
 
+        @functools.wraps(original)
         def setter(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
             before = torch.get_default_dtype()
             out = _original(*args, **kwargs)
             if torch.get_default_dtype() is not before:
                 _forget()
             return out
-        setter.__name__, setter.__doc__, setter.__wrapped__ = name, original.__doc__, original  # type: ignore[attr-defined]
         setattr(torch, name, setter)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..tensor.shapes import signature
+from ..tensor.shapes import signature, zeros_laid_out
 
 state = threading.local()   # `on`: functionalization kernels called now run cached checks
 _verdicts: dict[tuple, Any] = {}
@@ -140,9 +140,7 @@ def _in_eagers_words(name: str, args: tuple, kwargs: dict, refused: Exception) -
             budget[0] -= v.numel() * v.element_size()
             if budget[0] < 0:
                 raise MemoryError
-            extent = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) if all(v.shape) else 0
-            return torch.zeros(extent + v.storage_offset(), dtype=v.dtype).as_strided(
-                v.shape, v.stride(), v.storage_offset())
+            return zeros_laid_out(v.shape, v.stride(), v.dtype, "cpu", v.storage_offset())
         if isinstance(v, (list, tuple)):
             return type(v)(host(e) for e in v)
         return v

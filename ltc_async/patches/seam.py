@@ -41,6 +41,7 @@ of values computed from its key alone (a racing miss computes the same value twi
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -317,6 +318,7 @@ def _patch_ctc_lengths() -> None:
     as the lists the `IntList` overload takes (no read, the same computation)."""
     original = F.ctc_loss
 
+    @functools.wraps(original)
     def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
                  target_lengths: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(log_probs, _Tensor) and log_probs.device.type == "ltc":
@@ -325,7 +327,6 @@ def _patch_ctc_lengths() -> None:
             if not any(isinstance(v, _Tensor) for v in lengths):   # the overload takes both as lists
                 input_lengths, target_lengths = lengths
         return original(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
-    ctc_loss.__doc__, ctc_loss.__wrapped__ = original.__doc__, original   # type: ignore[attr-defined]
     F.ctc_loss = ctc_loss
 
 

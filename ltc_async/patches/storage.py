@@ -39,10 +39,12 @@ threads.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from . import inplace
 
@@ -87,6 +89,7 @@ def _refuse(device: torch.device) -> None:
 
 def _scoped(fn: Any, scope: Any) -> Any:
     """`fn` (torch.load or torch.save) with `scope` open for the duration of the outermost call."""
+    @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         scope.depth += 1
         try:
@@ -95,7 +98,6 @@ def _scoped(fn: Any, scope: Any) -> Any:
             scope.depth -= 1
             if scope.depth == 0:
                 scope.clear()
-    call.__name__, call.__doc__, call.__wrapped__ = fn.__name__, fn.__doc__, fn   # type: ignore[attr-defined]
     return call
 
 
@@ -223,7 +225,6 @@ def patch_save() -> None:
 def _host_view(t: torch.Tensor) -> torch.Tensor | None:
     """`t` as a view of the one host copy of its storage, with eager's geometry; None where
     that geometry cannot be told (`t` is then copied alone)."""
-
     found = inplace.base_of(t, [])
     if found is None:
         return None
@@ -246,7 +247,6 @@ def _host_view(t: torch.Tensor) -> torch.Tensor | None:
 
 def _dense(t: torch.Tensor) -> bool:
     """Does `t` cover a block of memory exactly once (any order of dims)?"""
-    from torch._prims_common import is_non_overlapping_and_dense_or_false
     return bool(is_non_overlapping_and_dense_or_false(t))
 
 
@@ -265,6 +265,7 @@ def patch_jit() -> None:
 
     load, save = torch.jit.load, torch.jit.save
 
+    @functools.wraps(load)
     def _jit_load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         if map_location is not None and _names_ltc(map_location):
             raise RuntimeError(
@@ -274,6 +275,7 @@ def patch_jit() -> None:
                 "or build the eager module, move it with .to('ltc:N') and load a state_dict")
         return load(f, map_location, *args, **kwargs)
 
+    @functools.wraps(save)
     def _jit_save(m: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         state = m.state_dict() if hasattr(m, "state_dict") else {}
         if any(isinstance(t, torch.Tensor) and t.device.type == _LTC for t in state.values()):
@@ -283,7 +285,5 @@ def patch_jit() -> None:
                 "torch.save(module.state_dict(), f), or script and save the module on the CPU")
         return save(m, f, *args, **kwargs)
 
-    for new, old in ((_jit_load, load), (_jit_save, save)):
-        new.__doc__, new.__wrapped__ = old.__doc__, old   # type: ignore[attr-defined]
     torch.jit.load = _jit_load
     torch.jit.save = _jit_save

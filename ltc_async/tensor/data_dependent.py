@@ -173,10 +173,10 @@ def _check_masks(x: Any, indices: list) -> None:
             dim += 1
 
 
-def _long_indices(x: Any, indices: list, func: Any) -> list:
+def _long_indices(indices: list, func: Any) -> list:
     """Boolean / byte masks among `Tensor?[]` indices as long index tensors, one per masked
-    dimension (eager's `expandTensors`): the columns of `nonzero(mask)`."""
-    _check_masks(x, indices)
+    dimension (eager's `expandTensors`): the columns of `nonzero(mask)`.  Checked first by
+    `_check_masks`."""
     out: list = []
     for t in indices:
         if _is_mask(t) and type(t) is not LtcTensor:   # a host mask: its indices, on the host
@@ -193,7 +193,8 @@ def _long_indices(x: Any, indices: list, func: Any) -> list:
 def _index(func: Any, x: Any, indices: Any) -> Any:
     if not any(_is_mask(t) for t in indices):
         return _traced(func, x, indices)
-    return _traced(func, x, _long_indices(x, list(indices), func))
+    _check_masks(x, list(indices))
+    return _traced(func, x, _long_indices(list(indices), func))
 
 
 def _masked_select(func: Any, x: Any, mask: Any) -> Any:
@@ -202,7 +203,7 @@ def _masked_select(func: Any, x: Any, mask: Any) -> Any:
     shape = list(torch.broadcast_shapes(x.shape, mask.shape))
     xb = x if list(x.shape) == shape else _op(aten.expand_copy.default, x, shape)
     mb = mask if list(mask.shape) == shape else _op(aten.expand_copy.default, mask, shape)
-    return _traced(aten.index.Tensor, xb, _long_indices(xb, [mb], func))
+    return _traced(aten.index.Tensor, xb, _long_indices([mb], func))   # the mask fits: broadcast
 
 
 def _traced(func: Any, *args: Any) -> Any:
@@ -226,7 +227,7 @@ def _index_put(func: Any, x: Any, indices: Any, values: Any, accumulate: Any) ->
         m = _op(aten.view_copy.default, mask, shape)
         v = _op(aten._to_copy.default, _op(aten.view_copy.default, values, []), dtype=x.dtype)
         return _op(aten.where.self, m, v, x)
-    return _traced(func, x, _long_indices(x, list(indices), func), values, accumulate)
+    return _traced(func, x, _long_indices(list(indices), func), values, accumulate)
 
 
 _BINCOUNT_DTYPES: dict[tuple, torch.dtype] = {}

@@ -172,8 +172,14 @@ def _lazy_inputs(full: list) -> list[LtcTensor]:
 def _stand_in(t: LtcTensor) -> torch.Tensor:
     """Zeros with `t`'s shape, strides and dtype on its backing device."""
     m = t._m
-    extent = 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride)) if all(m.shape) else 0
-    return torch.zeros(extent, dtype=m.dtype, device=t._ctx.backend_device).as_strided(m.shape, m.stride)
+    return zeros_laid_out(m.shape, m.stride, m.dtype, t._ctx.backend_device)
+
+
+def zeros_laid_out(shape: Any, stride: Any, dtype: torch.dtype, device: Any, offset: int = 0) -> torch.Tensor:
+    """Zeros viewed with exactly this geometry (overlapping and expanded strides too): the
+    smallest storage it needs, from `offset` on."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+    return torch.zeros(offset + extent, dtype=dtype, device=device).as_strided(shape, stride, offset)
 
 
 _LOW = (torch.bfloat16, torch.float16)
