@@ -444,3 +444,25 @@ def test_torchscript_archives_with_ltc_tensors_say_what_works():
     assert torch.jit.load(f, map_location="cpu").weight.shape == (3, 4)
     with pytest.raises(RuntimeError, match="state_dict"):
         torch.jit.save(torch.jit.script(nn.Linear(4, 3).to(D)), io.BytesIO())
+
+
+def test_modes_over_meta_and_fake_tensors_after_ltc_in_place_ops_work_as_in_pytorch():
+    # ltc's in-place ops replace the meta kernels functionalization checks with; a user's mode
+    # over meta tensors (PyTorch's trampoline calls kernels differently there) and FakeTensorMode
+    # must still get PyTorch's own answers, refusals included
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+    host = torch.randn(3)
+    x = host.to(D)
+    x.add_(1).mul_(2).clamp_(0, 1)
+    m = torch.empty(3, 4, device="meta")
+    with FlopCounterMode(display=False):
+        assert m.add_(1).mul_(2).clamp_(0, 1).shape == (3, 4)
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+            torch.empty(4, device="meta").add_(m)
+    with FakeTensorMode():
+        assert torch.empty(2, 3).clamp_(0, 1).shape == (2, 3)
+        with pytest.raises(RuntimeError, match="Promotion of int"):
+            torch.empty(3, dtype=torch.long).add_(1.5)
+    x.add_(1).mul_(3)   # and ltc's in-place ops keep working after the modes
+    assert torch.equal(x.cpu(), host.add_(1).mul_(2).clamp_(0, 1).add_(1).mul_(3))

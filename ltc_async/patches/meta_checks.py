@@ -46,6 +46,8 @@ _replaced: dict[str, Any] = {}        # op name -> returns of its schema as argu
 _lock = threading.Lock()
 _lib: Any = None
 _PASSED = object()
+_KeySet = torch._C.DispatchKeySet
+_META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _UNCACHED = ("aten::set_", "aten::resize", "aten::as_strided", "aten::_resize")
 
 
@@ -89,7 +91,19 @@ def _install(name: str) -> Any:
     original = torch.library.get_kernel(name, "Meta")
     arg_names = [a.name for a in schema.arguments]
 
-    def kernel(ks: Any, *args: Any, **kwargs: Any) -> Any:
+    packet = getattr(torch.ops.aten, op[len("aten::"):])
+    python_meta = getattr(packet, overload or "default").py_kernels.get(torch._C.DispatchKey.Meta)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if not args or type(args[0]) is not _KeySet:
+            # Under a user's TorchDispatchMode (FlopCounterMode) PyTorch calls Python kernels
+            # through its trampoline, without the key set: run the original meta kernel as
+            # that path would (a Python one directly: through `original` it would come back
+            # here), uncached
+            if python_meta is not None:
+                return python_meta(*args, **kwargs)
+            return original.call_boxed(_META_KEYS, *args, **kwargs)
+        ks, args = args[0], args[1:]
         if not getattr(state, "on", False):
             return original.call_boxed(ks, *args, **kwargs)
         try:

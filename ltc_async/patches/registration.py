@@ -36,6 +36,7 @@ from . import (
     autocast,
     collectives,
     default_dtype,
+    dispatch_modes,
     fast_paths,
     fx_tracing,
     inplace,
@@ -47,6 +48,7 @@ from . import (
 )
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
+_PYTHON_SNAPSHOT = torch._C.DispatchKey.PythonTLSSnapshot   # excluded inside a mode's handler
 _registered = False
 _lib: Any = None
 _libs: list = []
@@ -187,8 +189,11 @@ class _LtcDeviceModule:
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """`dst.copy_(src)` below functionalization (how `torch.tensor(data, device="ltc")` fills its
-    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`."""
-    return copy_into(src, dst)
+    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`.
+    Under a TorchDispatchMode, `dst` is the (fresh) functional wrapper the factory returned."""
+    inner = _inner(dst)
+    copy_into(_inner(src), inner)
+    return dst
 
 
 def _factory_ops() -> list[tuple[str, Any]]:
@@ -257,9 +262,21 @@ def _privateuse1_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     args = tuple(_inner(a) for a in args)
     kwargs = {k: _inner(v) for k, v in kwargs.items()}
     out = dispatch(op, args, kwargs)
-    if torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE):
+    if _below_functionalization():
         return out  # called from inside functionalization: it wraps the result itself
     return _wrap_result(out)
+
+
+def _below_functionalization() -> bool:
+    """Is this call functionalization's redispatch (which wraps what it gets back)?  Its kernel
+    excludes its key while it redispatches.  So does a TorchDispatchMode's handler (every key
+    above Python: a user's `FlopCounterMode` calling `torch.zeros(..., device="ltc")`), whose
+    result goes back to the user and must be wrapped; functionalization run from inside a mode
+    (AOTAutograd's `FunctionalTensorMode`, `torch.func.functionalize`) includes its key."""
+    tls_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+    if not tls_excluded(_FUNCTIONALIZE):
+        return False
+    return not tls_excluded(_PYTHON_SNAPSHOT) or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTIONALIZE)
 
 
 def _patch_printing() -> None:
@@ -379,4 +396,5 @@ def register() -> None:
     fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
     fx_tracing.patch()             # FX tracing on the tier-up thread leaves torch.compile alone elsewhere
     default_dtype.patch()          # torch.set_default_dtype: per-signature caches start over
+    dispatch_modes.patch()         # selective checkpointing, torch.func.functionalize over ltc tensors
     _registered = True

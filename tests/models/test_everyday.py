@@ -506,6 +506,82 @@ def tensors_built_from_scalar_tensors(d):
             torch.tensor(losses, device=d), torch.stack(losses))
 
 
+
+@program
+def flop_counter_around_a_training_step(d):
+    # FlopCounterMode (a TorchDispatchMode) over a step with in-place, scatter and factory ops;
+    # the in-place ops after it must not remember anything from under the mode
+    from torch.utils.flop_counter import FlopCounterMode
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4)).to(d)
+    x = torch.randn(6, 8).to(d)
+    index = torch.tensor([0, 1, 1, 2, 0, 2], device=d)
+    with FlopCounterMode(display=False) as counter:
+        h = m(x)
+        pooled = h.new_zeros(3, 4).index_add_(0, index, h)
+        deg = torch.zeros(3, device=d).scatter_add_(0, index, torch.ones(6, device=d))
+        loss = (pooled / deg.clamp_(min=1).unsqueeze(1)).pow(2).mean()
+        loss.backward()
+    after = x.clone().mul_(2).add_(1).clamp_(max=1.5)
+    return loss, m[0].weight.grad, counter.get_total_flops(), after
+
+
+@program
+def selective_activation_checkpointing(d):
+    # torchtitan's pattern: keep matmul outputs, recompute the rest in backward
+    import functools
+
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) \
+            else CheckpointPolicy.PREFER_RECOMPUTE
+    block = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).to(d)
+    x = torch.randn(4, 8).to(d).requires_grad_()
+    y = checkpoint(block, x, use_reentrant=False,
+                   context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+    y.pow(2).sum().backward()
+    return y, x.grad, block[0].weight.grad, block[2].weight.grad
+
+
+@program
+def an_op_logging_nan_checking_dispatch_mode(d):
+    # the debugging mode users write: log each op, check each result for NaNs
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NanCheck(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.nan_found = 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.ops += 1
+            for t in (out if isinstance(out, (list, tuple)) else [out]):
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.isnan().any():
+                    self.nan_found = True
+            return out
+    x = torch.tensor([1.0, 4.0, -1.0]).to(d)
+    with NanCheck() as mode:
+        y = x.sqrt().mul_(2)
+        z = torch.arange(3, device=d) + y.nan_to_num()
+    return y, z, mode.nan_found, mode.ops > 0
+
+
+@program
+def torch_func_functionalize(d):
+    def f(a):
+        b = a.clone()
+        b.add_(1)
+        a.mul_(2)   # a mutated input: functionalize applies it to the input too
+        return b.view(2, 2) * 3
+    x = torch.arange(4.0).to(d)
+    return torch.func.functionalize(f)(x), x
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
