@@ -1,7 +1,7 @@
 """Token-by-token inference: greedy `generate()` of tiny transformers decoders, ms per token,
 eager vs ltc_async's lazy path vs its compile path, cold and warm (issue 18).
 
-    python -m benchmarks.bench_generate [--rounds 5] [--new 32] [--only llama,gpt2] [--no-compile]
+    python -m benchmarks.bench_generate [--rounds 5] [--new 32] [--only llama,gpt2] [--no-compile] [--inductor]
 
 Models: a tiny Llama (grouped-query attention, RoPE) and a tiny GPT-2, random weights, a batch of
 one 8-token prompt, `max_new_tokens=new`, `do_sample=False`.  Engines:
@@ -10,7 +10,9 @@ one 8-token prompt, `max_new_tokens=new`, `do_sample=False`.  Engines:
 * `ltc`: the model on `ltc:0`, traced op by op (transformers' dynamic KV cache);
 * `ltc+compile`: the recipe transformers gives for torch.compile -- a static KV cache
   (`generation_config.cache_implementation = "static"`) and
-  `model.forward = torch.compile(model.forward, backend="ltc")` -- on `ltc:0`.
+  `model.forward = torch.compile(model.forward, backend="ltc")` -- on `ltc:0`;
+* `inductor` (with `--inductor`): the same recipe with PyTorch's own backend on `cpu`, the
+  anchor for `ltc+compile` (its first call builds C++ kernels: tens of seconds cold).
 
 `cold` is the first `generate()` call of a fresh model copy (graph compiles included, per
 token); `warm` the median over `rounds` later calls with the same prompt length, rounds of the
@@ -60,6 +62,10 @@ def engine(name: str, base: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     model = copy.deepcopy(base)
     if name == "eager":
         return model, "cpu"
+    if name == "inductor":
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward)
+        return model, "cpu"
     model = model.to(DEV)
     if name == "ltc+compile":
         model.generation_config.cache_implementation = "static"
@@ -77,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--only", default=",".join(MODELS))
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--inductor", action="store_true", help="also PyTorch's own torch.compile recipe on cpu")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
-    names = ["eager", "ltc"] + ([] if args.no_compile else ["ltc+compile"])
+    names = ["eager", "ltc"] + ([] if args.no_compile else ["ltc+compile"]) + (["inductor"] if args.inductor else [])
     rows = []
     for model_name in args.only.split(","):
         torch.manual_seed(0)
@@ -96,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
             cold[name] = (time.perf_counter() - t0) / args.new * 1e3
             runs[name] = (model, dev, [], compiles())
             log(f"{model_name} {name}: cold {cold[name]:.2f} ms/token")
-            if name != "eager":   # the steady state: past tier-ups and their trials
+            if name.startswith("ltc"):   # the steady state: past tier-ups and their trials
                 with torch.no_grad():
                     settle_tiers(lambda: generate(model, prompt.to(dev), args.new), 1)
+            elif name == "inductor":      # past Dynamo's recompiles of the first calls
+                with torch.no_grad():
+                    for _ in range(2):
+                        generate(model, prompt, args.new)
         for _ in range(args.rounds):
             for name in names:
                 model, dev, times, _ = runs[name]
@@ -108,18 +119,18 @@ def main(argv: list[str] | None = None) -> int:
                     out = generate(model, prompt.to(dev), args.new).cpu()
                 times.append((time.perf_counter() - t0) / args.new * 1e3)
                 assert torch.equal(out, tokens[name])
-                runs[name] = (model, dev, times, compiles() if name != "eager" else 0)
+                runs[name] = (model, dev, times, compiles() if name.startswith("ltc") else 0)
         eager_warm = statistics.median(runs["eager"][2])
         for name in names:
             model, dev, times, warm_compiles = runs[name]
             ltc.metrics.reset()
             with torch.no_grad():
                 generate(model, other.to(dev), args.new)
-            other_compiles = compiles() if name != "eager" else 0
+            other_compiles = compiles() if name.startswith("ltc") else 0
             warm = statistics.median(times)
             rows.append(md_row([model_name, name, f"{cold[name]:.2f}", f"{warm:.2f}",
-                                f"{warm / eager_warm:.2f}x", warm_compiles if name != "eager" else "-",
-                                other_compiles if name != "eager" else "-",
+                                f"{warm / eager_warm:.2f}x", warm_compiles if name.startswith("ltc") else "-",
+                                other_compiles if name.startswith("ltc") else "-",
                                 "yes" if torch.equal(tokens[name], tokens["eager"]) else "NO"]))
             log(rows[-1])
     print(md_header(["model", "engine", "cold ms/token", "warm ms/token", "warm vs eager",
