@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ltc_async as ltc
 
@@ -149,8 +150,43 @@ def test_mixture_of_experts_trains_like_eager_on_the_device():
     lazy = train(model, batches, DEV)
     torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
     assert ltc.metrics.counter_value("EagerFallback") == 0
-    # one size read per expert and step (torch.where); the backward's index ops reuse them
-    assert ltc.metrics.counter_value("SizeRead") == 4 * 4
+    # one size read per step: the first expert's count, read with the routing choice it is
+    # computed from; the other experts' counts are computed from it on the host
+    # (`host_counts.py`); the backward's index ops reuse them
+    assert ltc.metrics.counter_value("SizeRead") == 4
+    assert ltc.metrics.counter_value("SizeReadOnHost") == 3 * 4
+
+
+def test_per_class_masks_of_one_label_tensor_read_once_per_step():
+    # a per-class loss, as class-balanced and metric code writes it: every class's mask is an
+    # integer function of the labels, so one read sizes them all; a mask of float values (the
+    # confident predictions) cannot be computed on the host and is read
+    def step(logits, labels, device):
+        loss = logits.new_zeros(())
+        for c in range(5):
+            picked = labels == c
+            loss = loss + F.cross_entropy(logits[picked], labels[picked], reduction="sum")
+        confident = logits.softmax(-1).amax(-1) > 0.3
+        return loss, logits[confident].sum(), torch.where((labels % 2 == 1) & (labels != 3))[0]
+
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn(40, 5, generator=g), torch.randint(0, 5, (40,), generator=g)) for _ in range(3)]
+    ltc.metrics.reset()
+    for logits, labels in data:
+        x = logits.to(DEV).requires_grad_()
+        got = step(x, labels.to(DEV), DEV)
+        got[0].backward()
+        want_x = logits.clone().requires_grad_()
+        want = step(want_x, labels, "cpu")
+        want[0].backward()
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.detach().cpu(), b.detach())
+        torch.testing.assert_close(x.grad.cpu(), want_x.grad)
+        ltc.mark_step()
+    # per step: the first class's count (with the labels), the float mask's count; the other
+    # four classes and the odd-labels mask on the host
+    assert ltc.metrics.counter_value("SizeRead") == 2 * 3
+    assert ltc.metrics.counter_value("SizeReadOnHost") == 5 * 3
 
 
 def gcn_step(x, edge_index, y, train_mask, w1, w2):

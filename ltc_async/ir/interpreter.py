@@ -100,6 +100,14 @@ class Interpreter:
             env.append([failed] * sum(1 if s is None else (s or 0) for s in out_spec))
         return [env[k][i] for k, i in self.roots]
 
+    @classmethod
+    def run_node(cls, node: Node, values: Sequence[Any], device: torch.device) -> list[Any]:
+        """One node's op on `device`, given its operands' values: its flattened outputs."""
+        self = cls.__new__(cls)
+        self.device = device
+        step = (node.op, node.template, [(k, 0) for k in range(len(values))], len(node.scalars), node.out_spec)
+        return self._run_step(step, [[v] for v in values], iter(node.scalars))
+
     def _run_step(self, step: tuple, env: list[list[Any]], it: Any) -> list[Any]:
         """One node: call its aten op on the operand values; the flattened outputs."""
         op, template, operands, n_scalars, out_spec = step

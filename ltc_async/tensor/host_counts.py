@@ -1,0 +1,131 @@
+"""Counts of boolean masks computed on the host, from small integer values read once.
+
+Design note.  A mixture of experts takes `torch.where(chosen == e)` for each expert `e`, a
+per-class loss `x[labels == c]` for each class: every mask needs its count before its indices
+have a shape, one size read each (`data_dependent.py`), one device round trip each -- though
+every one of those masks is an exact integer function of the same small tensor (`chosen`,
+`labels`).  So:
+
+* when a mask's count is read, the values its mask is computed from -- its *frontier*: walking
+  down from the mask through exact integer ops (comparisons, logical and bitwise ops, integer
+  arithmetic, casts and views) to the first value that is not computed by one -- are read in
+  the same graph, when they are small integer tensors, and kept by IR value;
+* a later mask whose frontier is known is counted on the host: those few ops replayed by eager
+  on CPU (`Interpreter.run_node`), no round trip (`SizeReadOnHost`).
+
+Exact by construction: only integer and boolean values flow through the replayed ops, with
+integer scalars, no random op; such ops give the same bits on every device.  Values are kept by
+IR node, weakly (they go with the step's graph: the next step's masks are new values; a mask
+rebuilt each step from the same data is recalled by `data_dependent._recall` instead), at most
+`_MAX_ELEMENTS` elements each.
+
+Thread safety: `_values` is guarded by `_lock`; a racing miss reads the same values twice.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from ..ir.interpreter import Interpreter
+from ..ir.node import RNG, Node, Tag
+
+_EXACT_OPS = frozenset({
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "add", "sub", "mul", "remainder",
+    "where", "isin", "_to_copy", "clone", "view_copy", "expand_copy", "select_copy", "slice_copy",
+    "unsqueeze_copy", "squeeze_copy", "permute_copy", "t_copy", "transpose_copy", "count_nonzero",
+})
+_INTEGER = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+_MAX_ELEMENTS = 1 << 16
+_MAX_NODES = 64          # a mask computed by more ops than this is read as before
+_CPU = torch.device("cpu")
+
+_values: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {output: cpu tensor}
+_lock = threading.Lock()
+
+
+def _exact(node: Node) -> bool:
+    """Does `node` compute integers from integers with an op whose result is device-independent?"""
+    op = node.op
+    if getattr(op, "namespace", None) != "aten" or op._opname not in _EXACT_OPS:
+        return False
+    if any(m.dtype not in _INTEGER for m in node.outputs):
+        return False
+    if any(o.outputs[i].dtype not in _INTEGER for o, i in node.operands):
+        return False
+    if any(type(v) not in (int, bool) for v in node.scalars):
+        return False
+    return not any(type(e) is tuple and e and type(e[0]) is Tag and e[0] is RNG for e in node.template)
+
+
+def _known(value: tuple[Node, int]) -> torch.Tensor | None:
+    node, idx = value
+    with _lock:
+        return _values.get(node, {}).get(idx)
+
+
+def count(c: Any) -> int | None:
+    """The value of the 0-dim lazy count `c`, computed on the host if its graph is exact integer
+    ops over known values; None otherwise."""
+    memo: dict[tuple[int, int], Any] = {}
+    budget = [_MAX_NODES]
+
+    def value(v: tuple[Node, int]) -> torch.Tensor | None:
+        node, idx = v
+        k = (id(node), idx)
+        if k in memo:
+            return memo[k]
+        got = _known(v)
+        if got is None and not node.is_data and budget[0] > 0 and _exact(node):
+            budget[0] -= 1
+            args = [value(o) for o in node.operands]
+            if all(a is not None for a in args):
+                outs = Interpreter.run_node(node, args, _CPU)
+                for j, o in enumerate(outs):
+                    memo[(id(node), j)] = o
+                got = outs[idx]
+        memo[k] = got
+        return got
+    out = value(c._v)
+    return None if out is None else int(out)
+
+
+def frontier(mask: Any) -> list[tuple[Node, int]]:
+    """The small integer values `mask` is computed from through exact ops (see the module
+    note), not yet known; empty when the mask is not such a function of small values."""
+    node, _ = mask._v
+    if node.is_data or not _exact(node):
+        return []
+    found: list[tuple[Node, int]] = []
+    seen: set[tuple[int, int]] = set()
+    stack = list(node.operands)
+    walked = 0
+    while stack:
+        v = stack.pop()
+        o, i = v
+        if (id(o), i) in seen or _known(v) is not None:
+            continue
+        seen.add((id(o), i))
+        walked += 1
+        if walked > _MAX_NODES:
+            return []
+        if not o.is_data and _exact(o):
+            stack.extend(o.operands)
+            continue
+        meta = o.outputs[i]
+        numel = 1
+        for s in meta.shape:
+            numel *= s
+        if meta.dtype not in _INTEGER or numel > _MAX_ELEMENTS:
+            return []
+        found.append(v)
+    return found
+
+
+def remember(values: list[tuple[Node, int]], hosts: list[torch.Tensor]) -> None:
+    with _lock:
+        for (node, idx), h in zip(values, hosts):
+            _values.setdefault(node, {})[idx] = h
