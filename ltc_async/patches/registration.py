@@ -17,7 +17,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import threading
 from typing import Any
 
@@ -73,6 +75,39 @@ class _DeviceGuard:
 
     def __exit__(self, *exc: Any) -> None:
         _current.index = self.prev
+
+
+class _Stream:
+    """`torch.ltc.current_stream()`: a lazy device runs its work in order on one queue, its one
+    stream.  Synchronizing it waits for that queue (`wait_device_ops`); waiting on another
+    stream of the same device is already implied.  What device-generic code asks of a stream
+    (PyTorch's distributed checkpoint stages host copies on the accelerator's stream)."""
+
+    device_type = "ltc"
+
+    def __init__(self, device: Any = None) -> None:
+        self.device_index = _device_index(device)
+        self.device = torch.device("ltc", self.device_index)
+
+    def synchronize(self) -> None:
+        gx.wait_device_ops(arena.resolve([self.device]))
+
+    def wait_stream(self, stream: Any) -> None:
+        if isinstance(stream, _Stream) and stream.device_index != self.device_index:
+            stream.synchronize()
+
+    def query(self) -> bool:
+        last = arena.get(self.device_index).last
+        return last is None or last.done()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream) and other.device_index == self.device_index
+
+    def __hash__(self) -> int:
+        return hash(("ltc", self.device_index))
+
+    def __repr__(self) -> str:
+        return f"<ltc stream of {self.device}>"
 
 
 # Any `pythonapi` function called while a Python error is pending raises that error (ctypes checks
@@ -141,6 +176,19 @@ class _LtcDeviceModule:
     @staticmethod
     def device_count() -> int:
         return len(arena.contexts())
+
+    Stream = _Stream
+
+    @staticmethod
+    def current_stream(device: Any = None) -> _Stream:
+        return _Stream(device)
+
+    default_stream = current_stream
+
+    @staticmethod
+    def stream(stream: Any) -> Any:
+        """`with torch.ltc.stream(s):` -- one stream per device: nothing to switch."""
+        return contextlib.nullcontext(stream)
 
     @staticmethod
     def current_device() -> int:
@@ -279,6 +327,23 @@ def _below_functionalization() -> bool:
     return not tls_excluded(_PYTHON_SNAPSHOT) or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTIONALIZE)
 
 
+def _patch_accelerator_synchronize() -> None:
+    """`torch.accelerator.synchronize()` where ltc is the accelerator (no GPU): wait for the
+    device queues, as `torch.ltc.synchronize` does (PyTorch's C++ path asks the Python device
+    guard for streams it does not have and raises)."""
+    import torch.accelerator as accelerator
+    original = accelerator.synchronize
+
+    @functools.wraps(original)
+    def synchronize(device: Any = None, /) -> None:
+        current = accelerator.current_accelerator()
+        if current is not None and current.type == "ltc":
+            _LtcDeviceModule.synchronize(device)
+        else:
+            original(device)
+    accelerator.synchronize = synchronize
+
+
 def _patch_printing() -> None:
     """`repr` of an ltc tensor: one host copy, then eager's formatting plus device/grad suffixes
     (functional wrappers would otherwise print as functorch wrappers)."""
@@ -382,6 +447,7 @@ def register() -> None:
     _libs.append(_ops_lib)
     _patch_printing()
     _patch_autograd_engine()
+    _patch_accelerator_synchronize()
     modules.patch_module_apply()   # module.to('ltc:N') keeps tied weights tied
     autocast.register()            # torch.autocast('ltc'): CPU's policy
     storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path

@@ -582,6 +582,36 @@ def torch_func_functionalize(d):
     return torch.func.functionalize(f)(x), x
 
 
+
+@program
+def distributed_checkpoint_save_and_load(d):
+    # torch.distributed.checkpoint without a process group (torchtitan's checkpoints), also for
+    # CPU tensors in a process that imported ltc_async (the accelerator is then `ltc`, whose
+    # stream it stages host copies on)
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(d)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4).to(d)).sum().backward()
+    opt.step()
+    folder = tempfile.mkdtemp()
+    dcp.save({"model": model.state_dict(), "extra": torch.arange(5).to(d)}, checkpoint_id=folder)
+    fresh = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(d)
+    state = {"model": fresh.state_dict(), "extra": torch.zeros(5, dtype=torch.long).to(d)}
+    dcp.load(state, checkpoint_id=folder)
+    fresh.load_state_dict(state["model"])
+    torch.accelerator.synchronize()   # device-generic code: waits for ltc's queues
+    return fresh[0].weight, fresh[2].bias, state["extra"], fresh(torch.ones(2, 4).to(d))
+
+
+@program
+def torch_export_of_a_module(d):
+    m = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.GELU()).to(d)
+    program = torch.export.export(m, (torch.randn(2, 4).to(d),))
+    return program.module()(torch.randn(2, 4).to(d)), m(torch.ones(1, 4).to(d))
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
