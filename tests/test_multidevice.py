@@ -234,3 +234,47 @@ def test_stress_example_runs_clean_in_bounded_time():
                        env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all results match eager" in r.stdout
+
+
+def test_torch_data_parallel_over_ltc_devices_trains_like_eager_and_leaves_cpu_modules_alone():
+    # the old-script pattern: `model = nn.DataParallel(model)`, CPU batches in, loss on the
+    # output's device; over both lazy devices it trains like one eager model; a CPU model
+    # wrapped the same way (a no-op without GPUs) keeps running on the CPU
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(6, 4, generator=g), torch.randn(6, 2, generator=g)) for _ in range(3)]
+
+    def train(device: str, wrap: bool) -> tuple:
+        model = copy.deepcopy(base).to(device)
+        run = torch.nn.DataParallel(model) if wrap else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in batches:
+            opt.zero_grad()
+            out = run(x if wrap else x.to(device))
+            torch.nn.functional.mse_loss(out, y.to(out.device)).backward()
+            opt.step()
+            if device != "cpu":
+                ltc.mark_step()
+        return model[0].weight.detach().cpu(), out.detach().cpu(), out.device, run
+
+    want = train("cpu", False)
+    for device in ("cpu", "ltc:0"):
+        weight, out, where, run = train(device, True)
+        torch.testing.assert_close(weight, want[0])
+        torch.testing.assert_close(out, want[1])
+        assert where == torch.device(device)
+    assert train("cpu", True)[3].device_ids == []
+    assert train("ltc:0", True)[3].device_ids == list(range(len(ltc.devices())))
+    # dict outputs (transformers' ModelOutput is one) gather per key
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = copy.deepcopy(base)
+
+        def forward(self, x: torch.Tensor) -> dict:
+            return {"logits": self.body(x), "loss": self.body(x).square().mean()}
+    out = torch.nn.DataParallel(Head().to("ltc:0"))(batches[0][0])
+    torch.testing.assert_close(out["logits"].cpu(), base(batches[0][0]))
+    halves = batches[0][0].chunk(2)
+    torch.testing.assert_close(out["loss"].cpu(), torch.stack([base(h).square().mean() for h in halves]))

@@ -466,3 +466,32 @@ def test_modes_over_meta_and_fake_tensors_after_ltc_in_place_ops_work_as_in_pyto
             torch.empty(3, dtype=torch.long).add_(1.5)
     x.add_(1).mul_(3)   # and ltc's in-place ops keep working after the modes
     assert torch.equal(x.cpu(), host.add_(1).mul_(2).clamp_(0, 1).add_(1).mul_(3))
+
+
+def test_device_generic_pytorch_utilities_work_with_ltc_as_the_accelerator():
+    # with no GPU, importing ltc_async makes `ltc` PyTorch's current accelerator: the utilities
+    # that then ask it for streams and synchronization must work, for CPU code too
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+    import torch.utils.benchmark as benchmark
+    assert torch.accelerator.current_accelerator().type == "ltc"
+    x = torch.randn(32, 32)
+    assert benchmark.Timer("x @ x", globals={"x": x}).timeit(3).median > 0     # synchronizes
+    y = x.to(D)
+    assert benchmark.Timer("(y @ y).sum(); ltc.mark_step()", globals={"y": y, "ltc": ltc}).timeit(2).median > 0
+    torch.accelerator.synchronize()
+    torch.ltc.current_stream().synchronize()
+    assert torch.ltc.current_stream().query()
+    torch.manual_seed(3)
+    with torch.random.fork_rng():
+        inside = (torch.rand(3), torch.rand(3, device=D).cpu())
+    assert torch.equal(torch.rand(3), inside[0]) and torch.equal(torch.rand(3, device=D).cpu(), inside[1])
+    model = nn.Linear(4, 2)   # a CPU model's distributed checkpoint
+    folder = tempfile.mkdtemp()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=folder)
+    fresh = nn.Linear(4, 2)
+    state = {"model": fresh.state_dict()}
+    dcp.load(state, checkpoint_id=folder)
+    fresh.load_state_dict(state["model"])
+    assert torch.equal(fresh.weight, model.weight)

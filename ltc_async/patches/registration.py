@@ -37,6 +37,7 @@ from ..tensor.special import copy_into
 from . import (
     autocast,
     collectives,
+    data_parallel,
     default_dtype,
     dispatch_modes,
     fast_paths,
@@ -463,4 +464,5 @@ def register() -> None:
     fx_tracing.patch()             # FX tracing on the tier-up thread leaves torch.compile alone elsewhere
     default_dtype.patch()          # torch.set_default_dtype: per-signature caches start over
     dispatch_modes.patch()         # selective checkpointing, torch.func.functionalize over ltc tensors
+    data_parallel.patch()          # torch.nn.DataParallel over ltc devices; CPU modules as before
     _registered = True
