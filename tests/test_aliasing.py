@@ -329,6 +329,30 @@ def functional_inplace_on_view(dev, step):
     return x
 
 
+def batch_norm_running_stats_as_views(dev, step):
+    # domain-specific batch norm: one stacked buffer, each domain's running stats a row of it
+    running_mean, running_var = torch.zeros(2, 3).to(dev), torch.ones(2, 3).to(dev)
+    for domain, seed in ((0, 1), (1, 2), (0, 3)):
+        x = rn(8, 3, seed=seed).to(dev)
+        torch.nn.functional.batch_norm(x, running_mean[domain], running_var[domain], training=True, momentum=0.5)
+        step()
+    return running_mean, running_var
+
+
+def batch_norm_buffers_assigned_from_another_state_dict(dev, step):
+    # meta-device init, then load_state_dict(..., assign=True): the new module's buffers are the
+    # source's, so training it updates the source's running stats too, as in eager
+    torch.manual_seed(0)
+    source = torch.nn.BatchNorm1d(3).to(dev)
+    with torch.device("meta"):
+        target = torch.nn.BatchNorm1d(3)
+    target.load_state_dict(source.state_dict(), assign=True)
+    target(rn(4, 3, seed=4).to(dev) + 1)
+    step()
+    target(rn(4, 3, seed=5).to(dev))
+    return source.running_mean, source.running_var, target.running_var, source.num_batches_tracked
+
+
 PROGRAMS = [
     select_view_add_, base_mutation_seen_by_view, view_then_base_then_view, transpose_inplace,
     transpose_view_mutation, view_reshape_inplace, unsqueeze_view_inplace, slice_copy_,
@@ -338,7 +362,8 @@ PROGRAMS = [
     diagonal_view_mutation, expand_read_after_base_mutation, inplace_chain_dtypes,
     clone_breaks_aliasing, out_of_place_result_not_aliased, many_small_mutations_with_steps,
     data_assignment, cast_then_view_inplace, inplace_view_ops, self_overlapping_read_write,
-    functional_inplace_on_view,
+    functional_inplace_on_view, batch_norm_running_stats_as_views,
+    batch_norm_buffers_assigned_from_another_state_dict,
 ]
 
 # Programs failing because of engine bugs: name -> reason.

@@ -46,6 +46,7 @@ from . import (
     meta_kernels,
     modules,
     native,
+    running_stats,
     seam,
     storage,
 )
@@ -459,6 +460,7 @@ def register() -> None:
     decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
     collectives.register()         # dist collectives on views write through to the base
     seam.register()                # host tensors written from ltc ones: cpu.copy_(ltc), ...
+    running_stats.register()       # batch norm's running stats written through views and aliases
     meta_kernels.register()        # shapes of ops PyTorch has no meta kernel for (_ctc_loss_backward)
     fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
     fx_tracing.patch()             # FX tracing on the tier-up thread leaves torch.compile alone elsewhere
