@@ -1,4 +1,4 @@
-"""`module.to("ltc:N")` keeps tied weights tied, as on CUDA.
+"""`module.to("ltc:N")` keeps tied weights tied, and lazy modules uninitialized, as on CUDA.
 
 `nn.Module._apply` converts each module's parameters separately.  On CUDA the converted data is
 swapped into the *same* `Parameter` object (`param.data = ...`), so a parameter shared by two
@@ -58,8 +58,34 @@ def _retie(groups: list[list[tuple[torch.nn.Module, str, str]]]) -> None:
 def _own_storages(root: torch.nn.Module, recurse: bool) -> None:
     for mod in (root.modules() if recurse else (root,)):
         for p in mod._parameters.values():
-            if p is not None:
+            if p is not None and not isinstance(p, torch.nn.parameter.UninitializedTensorMixin):
                 own_storage(p)
+
+
+def _uninitialized_slots(root: torch.nn.Module, recurse: bool) -> list[tuple[torch.nn.Module, str, str, Any]]:
+    """The (module, table, name, placeholder) slots of lazy modules' uninitialized tensors."""
+    found = []
+    for mod in (root.modules() if recurse else (root,)):
+        for table in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, table).items():
+                if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+                    found.append((mod, table, name, t))
+    return found
+
+
+def _keep_uninitialized(slots: list[tuple[torch.nn.Module, str, str, Any]]) -> None:
+    """`LazyLinear(2).to("ltc:0")`: CUDA swaps the moved data into the same placeholder object,
+    which stays uninitialized until the first forward; here `_apply` made a plain `Parameter`
+    of it (the case above), which the module would take for initialized weights of shape (0,).
+    Put an uninitialized placeholder with the moved tensor's device and dtype back."""
+    for mod, table, name, old in slots:
+        new = getattr(mod, table)[name]
+        if new is None or new is old or isinstance(new, torch.nn.parameter.UninitializedTensorMixin):
+            continue
+        if isinstance(old, torch.nn.UninitializedParameter):
+            getattr(mod, table)[name] = torch.nn.UninitializedParameter(old.requires_grad, new.device, new.dtype)
+        else:
+            getattr(mod, table)[name] = torch.nn.UninitializedBuffer(old.requires_grad, new.device, new.dtype)
 
 
 def patch_module_apply() -> None:
@@ -69,6 +95,7 @@ def patch_module_apply() -> None:
         if getattr(_state, "active", False):       # an inner module: the outermost call re-ties
             return original(self, fn, recurse)
         groups = _shared_slots(self, recurse)
+        lazy = _uninitialized_slots(self, recurse)
         _state.active = True
         try:
             out = original(self, fn, recurse)
@@ -76,6 +103,8 @@ def patch_module_apply() -> None:
             _state.active = False
         if groups:
             _retie(groups)
+        if lazy:
+            _keep_uninitialized(lazy)
         _own_storages(self, recurse)
         return out
 

@@ -63,6 +63,9 @@ _generator_lock = threading.Lock()   # a user's ltc generator shared by threads:
 
 def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
     """Device data for a host tensor (copied: later host writes do not leak in)."""
+    if type(host) is not torch.Tensor and isinstance(host, torch.nn.parameter.UninitializedTensorMixin):
+        with torch._C.DisableTorchFunctionSubclass():   # `LazyLinear().to("ltc:0")`: its empty
+            host = host.as_subclass(torch.Tensor)         # placeholder refuses `.shape` itself
     if host.device.type == "ltc":  # a functional wrapper on another lazy device
         return transfer(unwrap(host), ctx)
     if host.layout is not torch.strided and not host.is_nested:

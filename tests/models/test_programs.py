@@ -395,3 +395,33 @@ def test_pack_padded_sequence_unsorted_matches_eager():
     padded, back = torch.nn.utils.rnn.pad_packed_sequence(got, batch_first=True)
     assert_eager(padded, x * (torch.arange(6) < lengths[:, None])[..., None])
     assert torch.equal(back, lengths)
+
+
+def test_lazy_modules_moved_before_their_first_forward_train_like_eager():
+    # `nn.LazyLinear` / `nn.LazyConv2d` built, moved, then shaped by the first batch (as on
+    # CUDA); their initial values are drawn on the device (its own generator), so both runs
+    # then start from the CPU run's values
+    start: dict = {}
+
+    def run(device: str) -> list[torch.Tensor]:
+        nn = torch.nn
+        model = nn.Sequential(nn.LazyConv2d(4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2),
+                              nn.LazyBatchNorm1d()).to(device)
+        assert isinstance(model[3].weight, nn.UninitializedParameter)
+        assert model[3].weight.device.type == device.split(":")[0]
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)).to(device)
+        model(x)   # shapes the parameters
+        assert not isinstance(model[3].weight, nn.UninitializedParameter)
+        if not start:
+            start.update({k: v.clone() for k, v in model.state_dict().items()})
+        model.load_state_dict(start)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        return [model[0].weight, model[3].weight, model[4].running_mean, model(x)]
+    want = run("cpu")
+    for got, w in zip(run("ltc:0"), want):
+        assert got.device.type == "ltc"
+        torch.testing.assert_close(got.detach().cpu(), w.detach())
