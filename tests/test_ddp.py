@@ -217,3 +217,54 @@ def test_torch_ddp_wraps_an_ltc_model_and_trains_like_the_reference(variant, wor
         counts = eval(out.split(" ok ")[1])          # noqa: S307 - our own worker's dict
         assert not any(k.startswith("EagerFallback") for k in counts), counts
         assert counts.get("Collective::allreduce_", 0) >= 4, counts   # queued on the device
+
+
+_MIXED = textwrap.dedent("""
+    import os, time, torch, torch.distributed as dist
+    import ltc_async as ltc
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # an ltc collective queued behind pending work on one rank, then a CPU tensor's collective
+    # (a metric) that the other rank reaches first: each must meet its own counterpart
+    for round in range(3):
+        a = torch.full((4,), 1.0 + rank).to("ltc:0")
+        if rank == 0:
+            m = torch.randn(300, 300).to("ltc:0")
+            for _ in range(30):
+                m = torch.tanh(m @ m * 0.01)
+            a = a + 0 * m.sum()
+        dist.all_reduce(a)
+        if rank == 1:
+            time.sleep(0.2)
+        b = torch.full((4,), 100.0 * (1 + rank))
+        dist.all_reduce(b)
+        assert a.cpu().tolist() == [3.0] * 4 and b.tolist() == [300.0] * 4, (a.cpu(), b)
+        names = [None] * world
+        dist.all_gather_object(names, f"rank{rank}")
+        assert names == ["rank0", "rank1"], names
+    # PyTorch's DDP with uneven work, a CPU sample count all-reduced every step, and the
+    # "wait for rank 0 to save" barrier at each epoch's end
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to("ltc:0"))
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    for epoch in range(2):
+        for step in range(4):
+            x = torch.randn(512 if rank == 0 else 4, 64).to("ltc:0")
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            seen = torch.tensor([float(x.shape[0])])
+            dist.all_reduce(seen)
+            assert seen.item() == 516.0, seen
+            ltc.mark_step()
+        dist.barrier()
+    print(f"rank {rank} ok", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_host_and_ltc_collectives_mixed_meet_in_program_order():
+    outs = _launch(["-c", _MIXED], 2, timeout=180)
+    for r, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
+        assert f"rank {r} ok" in out, out

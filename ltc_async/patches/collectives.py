@@ -14,12 +14,14 @@ each written wrapper's value and commit the update, so the base and all its view
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
 
 from ..ir.schema import op_info
+from ..tensor.collectives import issue_queued_first
 from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.writeback import write
 
@@ -93,6 +95,50 @@ def _with_work(result: Any, work: Any) -> Any:
     return work if _is_work(result) else result
 
 
+# torch.distributed's Python API: a call on host tensors (or on none: `barrier`, the object
+# collectives) waits for the ltc collectives queued before it to be issued (`tensor/collectives.py`)
+_HOST_ORDERED = (
+    "all_reduce", "all_reduce_coalesced", "broadcast", "all_gather", "all_gather_into_tensor",
+    "all_gather_coalesced", "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier", "monitored_barrier",
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object_list", "recv_object_list",
+)
+
+
+def _has_ltc(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.device.type == "ltc"
+    if isinstance(v, (list, tuple)):
+        return any(_has_ltc(e) for e in v)
+    if isinstance(v, dict):
+        return any(_has_ltc(e) for e in v.values())
+    return False
+
+
+def _after_queued(original: Any) -> Any:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not _has_ltc(args) and not _has_ltc(kwargs):
+            issue_queued_first()
+        return original(*args, **kwargs)
+    return call
+
+
+def _order_host_collectives() -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    for name in _HOST_ORDERED:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        wrapped = _after_queued(original)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+
+
 def register() -> None:
     """Install the kernels (once; at `import ltc_async`)."""
     global _lib
@@ -102,6 +148,7 @@ def register() -> None:
         import torch.distributed  # noqa: F401 - registers the c10d ops
     except ImportError:
         return
+    _order_host_collectives()
     lib = torch.library.Library("c10d", "IMPL")
     for qualname in torch._C._dispatch_get_all_op_names():
         ns, _, name = qualname.partition("::")

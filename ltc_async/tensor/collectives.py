@@ -34,15 +34,38 @@ from .lazy_tensor import LtcTensor, tensors_in
 # queued before it (the locking rules of `executor/device.py`).  A ticket whose execution is
 # cancelled (shutdown) is released by the execution's done-callback.
 
+#
+# A collective on *host* tensors (a CPU metric's `all_reduce`, `dist.barrier()`, the object
+# collectives) runs at once on the calling thread.  Issued while ltc collectives of the same
+# process are still queued, it would reach the process group before them on one rank and after
+# them on another: gloo then pairs different collectives across ranks (swapped values, a size
+# mismatch that aborts, a barrier that never meets).  So a host collective first waits until
+# every ltc collective queued before it has been issued (`issue_queued_first`, called by
+# torch.distributed's functions as `patches/collectives.py` wraps them): program order, on every
+# rank.  (A device job issues its collective through the c10d op itself, not those functions.)
+
 _turn = threading.Condition()
 _tickets = itertools.count()
 _issued: set[int] = set()
 _next = 0
+_taken = 0
 
 
 def _take_ticket() -> int:
+    global _taken
     with _turn:
+        _taken += 1
         return next(_tickets)
+
+
+def issue_queued_first() -> None:
+    """Block until every ltc collective queued so far has been issued (see above)."""
+    if _next >= _taken:
+        return
+    with _turn:
+        target = _taken
+        while _next < target:
+            _turn.wait()
 
 
 def _release(ticket: int) -> None:
