@@ -453,6 +453,7 @@ def register() -> None:
     modules.patch_module_apply()   # module.to('ltc:N') keeps tied weights tied
     autocast.register()            # torch.autocast('ltc'): CPU's policy
     storage.patch_has_storage()    # deepcopy / torch.save take PyTorch's device path
+    storage.patch_storage_ptr()    # storage.data_ptr() tells storages apart (safetensors, save_pretrained)
     storage.patch_load()           # torch.load(map_location="ltc:0"); no ltc storages
     storage.patch_save()           # torch.save keeps views of one ltc storage sharing it
     storage.patch_jit()            # TorchScript archives and ltc tensors: clear errors

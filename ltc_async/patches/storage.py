@@ -26,6 +26,11 @@ memory the host can read or allocate.  Three places in PyTorch assume otherwise:
   on the base's layout), so the file holds one storage, as eager's does.
 * `torch.UntypedStorage(n, device="ltc:0")` (and `storage.to("ltc:0")` outside `torch.load`)
   would reach the same missing allocator: it raises instead, naming what to do.
+* `storage.data_ptr()` of an ltc tensor raised ("invalid python storage"); libraries read it to
+  find tensors sharing memory (safetensors' `save_file`, transformers' `save_pretrained` and its
+  tied weights).  It answers an address that identifies the storage (`patch_storage_ptr`):
+  equal for a tensor, its views and its detached aliases, distinct otherwise, as eager's are.
+  (`Tensor.data_ptr()` stays 0: see README, "Known limitations".)
 * TorchScript archives (`patch_jit`): `torch.jit.load(f, map_location="ltc:0")` made parameters
   of shape `[0]` (its C++ loader sets device storages), and a scripted module cannot move to ltc
   afterwards (`ScriptModule` parameters are swapped only between compatible tensor types, as on
@@ -59,6 +64,17 @@ def patch_has_storage() -> None:
             return False
         return original(t)
     torch._C._has_storage = _has_storage
+
+
+def patch_storage_ptr() -> None:
+    original = torch.UntypedStorage.data_ptr
+
+    @functools.wraps(original)
+    def data_ptr(self: Any) -> int:
+        if self.device.type == _LTC:
+            return self._cdata   # the storage's own address: one per storage, shared by its views
+        return original(self)
+    torch.UntypedStorage.data_ptr = data_ptr
 
 
 class _Loading(threading.local):

@@ -425,3 +425,29 @@ def test_lazy_modules_moved_before_their_first_forward_train_like_eager():
     for got, w in zip(run("ltc:0"), want):
         assert got.device.type == "ltc"
         torch.testing.assert_close(got.detach().cpu(), w.detach(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pickle"])
+def test_save_pretrained_of_an_ltc_model_and_safetensors_files(tmp_path, safe):
+    # transformers' save_pretrained finds tied weights by storage address, safetensors refuses
+    # tensors sharing memory by the same address: both read `untyped_storage().data_ptr()`
+    import transformers
+    from safetensors.torch import load_file, save_file
+    transformers.logging.set_verbosity_error()
+    t = torch.arange(4.0, device="ltc:0") * 2
+    save_file({"w": t, "v": t[1:] + 1}, str(tmp_path / "x.safetensors"))
+    loaded = load_file(str(tmp_path / "x.safetensors"))
+    assert torch.equal(loaded["w"], torch.arange(4.0) * 2) and torch.equal(loaded["v"], torch.tensor([3.0, 5, 7]))
+    assert t.untyped_storage().data_ptr() == t[1:].untyped_storage().data_ptr() \
+        != torch.zeros(4, device="ltc:0").untyped_storage().data_ptr()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).to("ltc:0").eval()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(1))
+    want = model(ids.to("ltc:0")).logits.cpu()
+    model.save_pretrained(str(tmp_path / "out"), safe_serialization=safe)
+    on_cpu = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "out"))
+    torch.testing.assert_close(on_cpu(ids).logits, want, rtol=1e-4, atol=1e-5)
+    back = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "out")).to("ltc:0")
+    assert back.lm_head.weight is back.transformer.wte.weight
+    torch.testing.assert_close(back(ids.to("ltc:0")).logits.cpu(), want, rtol=1e-4, atol=1e-5)
