@@ -78,6 +78,31 @@ def test_out_of_range_index_inside_a_bigger_step():
     _device_still_works()
 
 
+
+@pytest.mark.parametrize("case", ["embedding", "advanced_index", "cross_entropy_target"])
+def test_errors_found_by_a_kernel_are_caught_as_eagers_type(case):
+    # `except IndexError:` around a lookup catches eager's error at the line; on ltc the kernel
+    # finds it when the graph runs, and the read (or the barrier) raises an error of both types
+    makes = {
+        "embedding": lambda d: F.embedding(torch.tensor([1, 7]).to(d), torch.ones(5, 3).to(d)),
+        "advanced_index": lambda d: torch.ones(2, 3).to(d)[torch.tensor([0, 9]).to(d)],
+        "cross_entropy_target": lambda d: F.cross_entropy(torch.zeros(2, 4).to(d), torch.tensor([1, 6]).to(d)),
+    }
+    with pytest.raises(IndexError) as eager:
+        makes[case]("cpu")
+    with pytest.raises(IndexError) as lazy:
+        makes[case](DEV).cpu()
+    assert isinstance(lazy.value, ltc.ComputationError)
+    assert type(eager.value).__name__ in str(lazy.value) or "out of" in str(lazy.value)
+    out = makes[case](DEV)
+    ltc.mark_step()
+    with pytest.raises(IndexError) as barrier:
+        ltc.wait_device_ops()
+    assert isinstance(barrier.value, ltc.ExecutionError)
+    with pytest.raises(IndexError):
+        out.cpu()
+    _device_still_works()
+
 @pytest.mark.parametrize("other", ["ltc:1", "cpu"])
 def test_mixing_devices_raises_at_the_line(other):
     a = torch.ones(3, device=DEV)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..base import events
-from .futures import Execution, ExecutionError, Failed, Worker
+from .futures import Execution, ExecutionError, Failed, Worker, typed_error
 
 _MASK64 = (1 << 64) - 1
 _MAX_PENDING_ERRORS = 64   # per device, until a barrier reports them
@@ -239,7 +239,7 @@ class DeviceContext:
             text = (f"execution on {self.device} of the graph scheduled at {ex.label} could not "
                     f"compute some outputs: their input from {upstream} had failed (reported "
                     f"separately): {type(failed.error).__name__}: {failed.error}")
-        err = ExecutionError(text)
+        err = typed_error(ExecutionError, failed.error, text)
         err.__cause__ = failed.error
         err.upstream = upstream
         err.seq = ex.seq
@@ -289,8 +289,8 @@ def raise_errors(covered: Sequence[tuple[DeviceContext, int | None]]) -> None:
     first = taken[0]
     more = "\n".join(f"  - {e}" for e in taken[1:])
     lost = f"\n(and {dropped} earlier failures not kept: no barrier ran)" if dropped else ""
-    err = ExecutionError(f"{len(taken) + dropped} executions failed; the first: {first}\n"
-                         f"and {len(taken) - 1} more:\n{more}{lost}")
+    err = typed_error(ExecutionError, first.__cause__, f"{len(taken) + dropped} executions failed; "
+                      f"the first: {first}\nand {len(taken) - 1} more:\n{more}{lost}")
     err.__cause__ = first.__cause__
     err.upstream, err.seq, err.device = first.upstream, first.seq, first.device
     err.errors = taken

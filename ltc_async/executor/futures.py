@@ -70,6 +70,28 @@ class ExecutionError(RuntimeError):
     seq: int = 0
 
 
+_typed: dict[tuple[type, type], type] = {}
+
+
+def typed_error(cls: type, cause: BaseException | None, text: str) -> Exception:
+    """An instance of `cls` (`ComputationError`, `ExecutionError`) saying `text` that is also an
+    instance of `cause`'s type where Python allows the mix: `except IndexError:` catches an
+    index out of range that a kernel found at the barrier, as it catches eager's at the line.
+    (A type whose instances need more than a message -- `UnicodeDecodeError` -- is left out.)"""
+    kind = type(cause)
+    if cause is None or not isinstance(cause, Exception) or issubclass(cls, kind):
+        return cls(text)
+    mixed = _typed.get((cls, kind))
+    if mixed is None:
+        try:
+            mixed = type(f"{cls.__name__}[{kind.__name__}]", (cls, kind), {"__module__": cls.__module__})
+            mixed(text)
+        except TypeError:
+            mixed = cls
+        _typed[(cls, kind)] = mixed
+    return mixed(text)
+
+
 class Execution(cf.Future):
     """One piece of work queued on a device: its outputs (a list of values), or the error."""
 
@@ -212,16 +234,17 @@ async def _wait_one(f: cf.Future) -> None:
     await trio.lowlevel.wait_task_rescheduled(abort)
 
 
-def read_error(failed: Failed, f: Execution) -> ComputationError:
+def read_error(failed: Failed, f: Execution) -> Exception:
     """The error for reading a tensor execution `f` should have produced."""
-    err = ComputationError()
+    upstream = None
     if failed.ctx is f.ctx and failed.label == f.label:
         text = f"the computation producing this tensor failed: {failed.root_text}"
     else:
-        err.upstream = f"the graph scheduled at {failed.label} on {failed.ctx}"
+        upstream = f"the graph scheduled at {failed.label} on {failed.ctx}"
         text = (f"the computation producing this tensor on {f.ctx} (graph scheduled at "
                 f"{f.label}) did not run because an input had failed: {failed.root_text}")
-    err.args = (text,)
+    err = typed_error(ComputationError, failed.error, text)
+    err.upstream = upstream
     err.__cause__ = failed.error
     err.device, err.seq = f.ctx.device, f.seq
     return err
