@@ -268,3 +268,46 @@ def test_host_and_ltc_collectives_mixed_meet_in_program_order():
     for r, (code, out, err) in enumerate(outs):
         assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
         assert f"rank {r} ok" in out, out
+
+
+_SYNC_BN = """
+import os, copy, torch, torch.distributed as dist
+import ltc_async as ltc
+from torch.nn.parallel import DistributedDataParallel as DDP
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+torch.manual_seed(0)
+base = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                           torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+g = torch.Generator().manual_seed(1)
+batches = [(torch.randn(8, 3, 8, 8, generator=g) * 2 + 1, torch.randn(8, 2, generator=g)) for _ in range(3)]
+# the reference: one process, plain BatchNorm over the whole batch
+ref = copy.deepcopy(base)
+opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+for x, y in batches:
+    opt.zero_grad(); torch.nn.functional.mse_loss(ref(x), y).backward(); opt.step()
+model = DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base)).to("ltc:0"))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in batches:
+    xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+    opt.zero_grad()
+    # DDP averages gradients over ranks; the loss of a half batch is half the full batch's mean
+    torch.nn.functional.mse_loss(model(xs.to("ltc:0")), ys.to("ltc:0")).backward(); opt.step()
+    ltc.mark_step()
+got = model.module
+for a, b in [(got[0].weight, ref[0].weight), (got[1].running_mean, ref[1].running_mean), (got[1].running_var, ref[1].running_var), (got[1].weight, ref[1].weight), (got[4].weight, ref[4].weight)]:
+    torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-5)
+assert not ltc.metrics.counter_value("EagerFallback"), ltc.metrics.report()
+print(f"rank {rank} ok", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_sync_batch_norm_under_ddp_trains_like_batch_norm_on_the_whole_batch():
+    # nn.SyncBatchNorm (CUDA-only kernels in PyTorch): each rank holds half of every batch, the
+    # statistics are the whole batch's; parameters and running stats equal one process's
+    # BatchNorm over the whole batches, with no eager fallback
+    outs = _launch(["-c", _SYNC_BN], 2, timeout=180)
+    for r, (code, out, err) in enumerate(outs):
+        assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
+        assert f"rank {r} ok" in out, out

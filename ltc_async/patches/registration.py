@@ -49,6 +49,7 @@ from . import (
     running_stats,
     seam,
     storage,
+    sync_batch_norm,
 )
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
@@ -462,6 +463,7 @@ def register() -> None:
     collectives.register()         # dist collectives on views write through to the base
     seam.register()                # host tensors written from ltc ones: cpu.copy_(ltc), ...
     running_stats.register()       # batch norm's running stats written through views and aliases
+    sync_batch_norm.register()     # nn.SyncBatchNorm's CUDA-only kernels as ordinary ops
     meta_kernels.register()        # shapes of ops PyTorch has no meta kernel for (_ctc_loss_backward)
     fast_paths.patch()             # nn.TransformerEncoder's nested-tensor fast path, dense
     fx_tracing.patch()             # FX tracing on the tier-up thread leaves torch.compile alone elsewhere
