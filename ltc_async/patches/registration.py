@@ -42,6 +42,7 @@ from . import (
     dispatch_modes,
     fast_paths,
     fx_tracing,
+    inference_mode,
     inplace,
     meta_kernels,
     modules,
@@ -470,4 +471,5 @@ def register() -> None:
     default_dtype.patch()          # torch.set_default_dtype: per-signature caches start over
     dispatch_modes.patch()         # selective checkpointing, torch.func.functionalize over ltc tensors
     data_parallel.patch()          # torch.nn.DataParallel over ltc devices; CPU modules as before
+    inference_mode.patch()         # torch.inference_mode() as no_grad once ltc devices exist (views)
     _registered = True

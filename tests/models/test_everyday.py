@@ -612,6 +612,25 @@ def torch_export_of_a_module(d):
     return program.module()(torch.randn(2, 4).to(d)), m(torch.ones(1, 4).to(d))
 
 
+
+@program
+def inference_mode_views_and_generate(d):
+    # pipelines' pattern: inputs made first, generate() inside torch.inference_mode(); views of
+    # tensors made before the block (a slice, a transposed weight) are taken inside it
+    import transformers
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=64,
+                                   pad_token_id=0, eos_token_id=2)
+    model = transformers.LlamaForCausalLM(cfg).eval().to(d)
+    ids = torch.tensor([[5, 17, 33, 42]]).to(d)
+    with torch.inference_mode():
+        tokens = model.generate(ids, max_new_tokens=4, do_sample=False)
+        last = ids[:, -1] + 1
+        projected = model.lm_head.weight.t()[:3].sum(0)
+    return tokens, last, projected
+
+
 def _flat(v: Any) -> list:
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _flat(e)]
