@@ -55,6 +55,7 @@ from . import (
 
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _PYTHON_SNAPSHOT = torch._C.DispatchKey.PythonTLSSnapshot   # excluded inside a mode's handler
+_PYTHON = torch._C.DispatchKey.Python
 _registered = False
 _lib: Any = None
 _libs: list = []
@@ -322,13 +323,17 @@ def _privateuse1_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _below_functionalization() -> bool:
     """Is this call functionalization's redispatch (which wraps what it gets back)?  Its kernel
     excludes its key while it redispatches.  So does a TorchDispatchMode's handler (every key
-    above Python: a user's `FlopCounterMode` calling `torch.zeros(..., device="ltc")`), whose
-    result goes back to the user and must be wrapped; functionalization run from inside a mode
-    (AOTAutograd's `FunctionalTensorMode`, `torch.func.functionalize`) includes its key."""
+    above Python, the Python key itself not: a user's `FlopCounterMode` calling
+    `torch.zeros(..., device="ltc")`), whose result goes back to the user and must be wrapped;
+    functionalization run from inside a mode (AOTAutograd's `FunctionalTensorMode`,
+    `torch.func.functionalize`) includes its key, and `torch.tensor(data, device=...)`, which
+    wraps what it builds itself, excludes the Python key too."""
     tls_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
     if not tls_excluded(_FUNCTIONALIZE):
         return False
-    return not tls_excluded(_PYTHON_SNAPSHOT) or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTIONALIZE)
+    if torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTIONALIZE):
+        return True
+    return not (tls_excluded(_PYTHON_SNAPSHOT) and not tls_excluded(_PYTHON))
 
 
 def _patch_accelerator_synchronize() -> None:
