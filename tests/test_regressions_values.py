@@ -567,3 +567,15 @@ def test_in_place_ops_refuse_and_accept_the_same_calls_every_time():
     assert got[0] == want[0]
     torch.testing.assert_close(got[1].cpu(), want[1], rtol=0, atol=0)
     torch.testing.assert_close(got[2].cpu(), want[2])
+
+
+def test_subtracting_a_python_bool_raises_eagers_error_at_the_line():
+    # found by the fuzzer: a bool Scalar travels as an int where the result's dtype allows it,
+    # but eager's kernels refuse `True - t` and `t - True` (the meta kernels do not)
+    for d in ("cpu", DEV):
+        v = torch.tensor(2.0).to(d)
+        with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor"):
+            True - v
+        with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor"):
+            v - True
+        assert (v + True).cpu().item() == 3.0 and (v * False).cpu().item() == 0.0

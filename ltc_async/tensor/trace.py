@@ -355,9 +355,13 @@ def _bool_scalar_twin(func: Any, info: OpInfo, full: Sequence, ctx: DeviceContex
                 [m.dtype for m in a[0]] == [m.dtype for m in b[0]]
         except Exception:  # noqa: BLE001 - the twin (or the fallback) raises what eager raises
             ints = False
+        if ints:   # eager's kernels refuse some bools the meta kernels take: `True - t`
+            ints = _refused_by_eager(func, info, full) or True
         if len(_bool_routes) >= 4096:   # programs with endless new shapes
             _bool_routes.clear()
         _bool_routes[key] = ints
+    if isinstance(ints, BaseException):
+        raise ints.with_traceback(None)
     if ints:
         return trace(func, info, as_int)
     twin = getattr(func.overloadpacket, "Tensor", None)
@@ -375,6 +379,19 @@ def _bool_scalar_twin(func: Any, info: OpInfo, full: Sequence, ctx: DeviceContex
                               TensorMeta((), (), torch.bool))
     targs, tkwargs = op_info(twin).split(args)
     return twin(*targs, **tkwargs)   # through the dispatcher, back to `LtcTensor.__torch_dispatch__`
+
+
+def _refused_by_eager(func: Any, info: OpInfo, full: Sequence) -> BaseException | None:
+    """The exception eager raises for this call (run once on host stand-ins of the lazy
+    inputs, up to `shapes._STAND_IN_BYTES`), or None."""
+    lazy = [v for v in full if type(v) is LtcTensor]
+    if not lazy or sum(t._m.dtype.itemsize * t.numel() for t in lazy) > shapes._STAND_IN_BYTES:
+        return None
+    try:
+        shapes._on_stand_ins(func, info, list(full), lazy)
+    except Exception as e:  # noqa: BLE001 - eager's refusal, raised at the user's line
+        return e
+    return None
 
 
 def _number_of(v: Any) -> Any:
