@@ -263,11 +263,15 @@ _MIXED = textwrap.dedent("""
 """)
 
 
-def test_host_and_ltc_collectives_mixed_meet_in_program_order():
-    outs = _launch(["-c", _MIXED], 2, timeout=180)
-    for r, (code, out, err) in enumerate(outs):
+def _every_rank_ok(script: str, world: int = 2) -> None:
+    """Run `script` on `world` ranks: each must exit cleanly and print `rank <r> ok`."""
+    for r, (code, out, err) in enumerate(_launch(["-c", script], world, timeout=180)):
         assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
         assert f"rank {r} ok" in out, out
+
+
+def test_host_and_ltc_collectives_mixed_meet_in_program_order():
+    _every_rank_ok(_MIXED)
 
 
 _SYNC_BN = """
@@ -307,7 +311,4 @@ def test_sync_batch_norm_under_ddp_trains_like_batch_norm_on_the_whole_batch():
     # nn.SyncBatchNorm (CUDA-only kernels in PyTorch): each rank holds half of every batch, the
     # statistics are the whole batch's; parameters and running stats equal one process's
     # BatchNorm over the whole batches, with no eager fallback
-    outs = _launch(["-c", _SYNC_BN], 2, timeout=180)
-    for r, (code, out, err) in enumerate(outs):
-        assert code == 0, f"rank {r} failed:\n{err[-3000:]}"
-        assert f"rank {r} ok" in out, out
+    _every_rank_ok(_SYNC_BN)
