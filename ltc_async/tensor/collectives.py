@@ -33,16 +33,16 @@ from .lazy_tensor import LtcTensor, tensors_in
 # wait ends: the earlier ticket's job was queued before this one, and its queue only holds work
 # queued before it (the locking rules of `executor/device.py`).  A ticket whose execution is
 # cancelled (shutdown) is released by the execution's done-callback.
-
 #
 # A collective on *host* tensors (a CPU metric's `all_reduce`, `dist.barrier()`, the object
 # collectives) runs at once on the calling thread.  Issued while ltc collectives of the same
 # process are still queued, it would reach the process group before them on one rank and after
 # them on another: gloo then pairs different collectives across ranks (swapped values, a size
 # mismatch that aborts, a barrier that never meets).  So a host collective first waits until
-# every ltc collective queued before it has been issued (`issue_queued_first`, called by
-# torch.distributed's functions as `patches/collectives.py` wraps them): program order, on every
-# rank.  (A device job issues its collective through the c10d op itself, not those functions.)
+# every ltc collective queued before it has been issued and has completed (a ticket is released
+# after its collective's `wait()`: `issue_queued_first`, called by torch.distributed's functions
+# as `patches/collectives.py` wraps them): program order, on every rank.  (A device job issues
+# its collective through the c10d op itself, not through those functions.)
 
 _turn = threading.Condition()
 _tickets = itertools.count()
@@ -59,7 +59,7 @@ def _take_ticket() -> int:
 
 
 def issue_queued_first() -> None:
-    """Block until every ltc collective queued so far has been issued (see above)."""
+    """Block until every ltc collective queued so far has been issued and completed (above)."""
     if _next >= _taken:
         return
     with _turn:
