@@ -128,4 +128,4 @@ def frontier(mask: Any) -> list[tuple[Node, int]]:
 def remember(values: list[tuple[Node, int]], hosts: list[torch.Tensor]) -> None:
     with _lock:
         for (node, idx), h in zip(values, hosts):
-            _values.setdefault(node, {})[idx] = h
+            _values.setdefault(node, {})[idx] = h.cpu()   # a CUDA-backed device reads CUDA tensors
