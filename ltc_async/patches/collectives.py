@@ -107,20 +107,10 @@ _HOST_ORDERED = (
 )
 
 
-def _has_ltc(v: Any) -> bool:
-    if isinstance(v, torch.Tensor):
-        return v.device.type == "ltc"
-    if isinstance(v, (list, tuple)):
-        return any(_has_ltc(e) for e in v)
-    if isinstance(v, dict):
-        return any(_has_ltc(e) for e in v.values())
-    return False
-
-
 def _after_queued(original: Any) -> Any:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not _has_ltc(args) and not _has_ltc(kwargs):
+        if not any(t.device.type == "ltc" for t in _tensors((args, list(kwargs.values())))):
             issue_queued_first()
         return original(*args, **kwargs)
     return call

@@ -95,7 +95,7 @@ class _Stream:
         self.device = torch.device("ltc", self.device_index)
 
     def synchronize(self) -> None:
-        gx.wait_device_ops(arena.resolve([self.device]))
+        _LtcDeviceModule.synchronize(self.device)
 
     def wait_stream(self, stream: Any) -> None:
         if isinstance(stream, _Stream) and stream.device_index != self.device_index:
@@ -242,11 +242,8 @@ class _LtcDeviceModule:
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """`dst.copy_(src)` below functionalization (how `torch.tensor(data, device="ltc")` fills its
-    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`.
-    Under a TorchDispatchMode, `dst` is the (fresh) functional wrapper the factory returned."""
-    inner = _inner(dst)
-    copy_into(_inner(src), inner)
-    return dst
+    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`."""
+    return copy_into(src, dst)
 
 
 def _factory_ops() -> list[tuple[str, Any]]:
