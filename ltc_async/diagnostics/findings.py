@@ -23,6 +23,7 @@ cleared by `ltc.metrics.reset()`.  `_lock` guards them; it is a leaf lock.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..base import counters, events
@@ -78,14 +79,34 @@ def synced(what: str, where: str) -> None:
     _bump(_syncs, (what, where))
 
 
+_scheduled_at = threading.local()   # compiler thread: the `mark_step` count of the job it runs
+
+
+@events.prepare_job.subscribe
+def _note_step(job: Callable[[], Any], _ctx: Any, _label: str, _fut: Any) -> Callable[[], Any]:
+    """Remember the `mark_step` count when the graph was scheduled (user thread): the compiler
+    thread looks the graph up later, often after the program's next `mark_step`s, and a miss
+    counts against the step that scheduled it, not the step the compiler got to."""
+    step = counters._counters.get("MarkStep", 0)
+
+    def run() -> Any:
+        _scheduled_at.step = step
+        try:
+            return job()
+        finally:
+            _scheduled_at.step = None
+    return run
+
+
 @events.looked_up.subscribe
 def _looked_up(ctx: Any, plan: Any, label: str, hit: bool) -> None:
     if not hit:
-        compiled(label, str(ctx.device))
+        compiled(label, str(ctx.device), getattr(_scheduled_at, "step", None))
 
 
-def compiled(label: str, device: str) -> None:
-    step = counters._counters.get("MarkStep", 0)
+def compiled(label: str, device: str, step: int | None = None) -> None:
+    if step is None:
+        step = counters._counters.get("MarkStep", 0)
     key = (label, device)
     with _lock:
         entry = _compiles.get(key)
