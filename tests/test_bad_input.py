@@ -130,6 +130,26 @@ def test_sparse_tensors_are_refused_at_the_move(layout):
     torch.testing.assert_close((sparse.to_dense().to(DEV) + 1).cpu(), dense + 1)
 
 
+@pytest.mark.parametrize("how", ["device_argument", "ltc_components", "jagged_moved", "jagged_of_ltc"])
+def test_nested_tensors_are_refused_at_the_call(how):
+    """Nested tensors have no lazy form: each way of making one on `ltc` raises one clear error
+    at the user's call (it was a segmentation fault at the first op, an INTERNAL ASSERT, or an
+    abort), and the device and the host tensors stay usable."""
+    parts = [torch.arange(3.0), torch.arange(5.0)]
+    make = {
+        "device_argument": lambda: torch.nested.nested_tensor(parts, device=DEV),
+        "ltc_components": lambda: torch.nested.as_nested_tensor([p.to(DEV) for p in parts]),
+        "jagged_moved": lambda: torch.nested.nested_tensor(parts, layout=torch.jagged).to(DEV),
+        "jagged_of_ltc": lambda: torch.nested.nested_tensor([p.to(DEV) for p in parts], layout=torch.jagged),
+    }[how]
+    with pytest.raises(RuntimeError, match="nested tensors have no lazy form.*pad"):
+        make()
+    padded = torch.nn.utils.rnn.pad_sequence([p.to(DEV) for p in parts], batch_first=True, padding_value=-1.0)
+    want = torch.nested.to_padded_tensor(torch.nested.nested_tensor(parts), -1.0)
+    torch.testing.assert_close(padded.cpu(), want)
+    _device_still_works()
+
+
 def test_cpu_scalar_tensor_mixes_like_eager():
     a = torch.arange(3.0, device=DEV)
     torch.testing.assert_close((a * torch.tensor(2.0)).cpu(), torch.arange(3.0) * 2)

@@ -85,6 +85,35 @@ def test_module_with_parameters_on_ltc():
         torch.testing.assert_close(cm(x.to("ltc:0")).cpu(), eager(x))
 
 
+def test_default_backend_on_an_ltc_model_trains_like_eager(metrics):
+    """Only the device string changed: `torch.compile(model)` with PyTorch's default backend
+    (Inductor, which has no code generation for ltc: `KeyError: 'ltc'`) runs the model's graphs
+    through backend="ltc"; a function creating ltc tensors from host inputs too."""
+    eager = _mlp()
+    lazy = copy.deepcopy(eager).to("ltc:0")
+    cm, ce = torch.compile(lazy), torch.compile(eager)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    for x, y in _batches(3):
+        loss = nn.functional.cross_entropy(cm(x.to("ltc:0")), y.to("ltc:0"))
+        loss.backward()
+        opt_l.step()
+        opt_l.zero_grad()
+        ltc.mark_step()
+        le = nn.functional.cross_entropy(ce(x), y)
+        le.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        torch.testing.assert_close(loss.cpu(), le.detach())
+    _assert_params(lazy, eager)
+    assert _count("CompiledGraphCall") == 2 * 3      # forward and backward, each step
+
+    @torch.compile
+    def make_on_device(n):
+        return torch.arange(n, device="ltc:0").float().sin() * 2
+    torch.testing.assert_close(make_on_device(5).cpu(), torch.arange(5).float().sin() * 2)
+
+
 @pytest.mark.parametrize("compile_optimizer", [False, True])
 def test_training_matches_eager(metrics, compile_optimizer):
     eager = _mlp()

@@ -214,8 +214,9 @@ def _assert_same(a: nn.Module, b: nn.Module) -> None:
         torch.testing.assert_close(x.cpu(), y.cpu(), msg=n)
 
 
-@pytest.mark.parametrize("load", [dict(), dict(weights_only=True), dict(map_location="cpu")],
-                         ids=["plain", "weights_only", "map_location_cpu"])
+@pytest.mark.parametrize("load", [dict(), dict(weights_only=True), dict(map_location="cpu"),
+                                  dict(map_location=lambda storage, loc: storage)],
+                         ids=["plain", "weights_only", "map_location_cpu", "map_location_callable"])
 def test_checkpoint_of_an_ltc_model_loads_into_a_cpu_model_and_optimizer(load):
     eager = _mlp()
     lazy = copy.deepcopy(eager).to(D)
@@ -495,3 +496,23 @@ def test_device_generic_pytorch_utilities_work_with_ltc_as_the_accelerator():
     dcp.load(state, checkpoint_id=folder)
     fresh.load_state_dict(state["model"])
     assert torch.equal(fresh.weight, model.weight)
+
+
+def test_make_fx_and_linearize_refuse_ltc_tensors_instead_of_tracing_constants():
+    """`make_fx` in its real-tensor mode saw an ltc program's ops below functionalization and
+    baked its results into the graph as constants (`torch.func.linearize` then returned garbage
+    tangents): now a clear error; the same function captured with torch.compile(backend="ltc")
+    and traced on host tensors still works."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(t):
+        return t.sin() * 3.0 + 1.0
+
+    x = torch.tensor([0.5, -1.0, 2.0])
+    with pytest.raises(RuntimeError, match="make_fx .* cannot trace ltc tensors"):
+        make_fx(f)(x.to(D))
+    with pytest.raises(RuntimeError, match="cannot trace ltc tensors"):
+        torch.func.linearize(torch.sin, x.to(D))
+    graph = make_fx(f)(x)                   # traced on the host, run on ltc
+    torch.testing.assert_close(graph(x.to(D)).cpu(), f(x))
+    torch.testing.assert_close(torch.compile(f, backend="ltc")(x.to(D)).cpu(), f(x))

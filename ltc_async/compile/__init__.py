@@ -7,6 +7,12 @@ a compiled function is a graph break and runs as it is, not a half-traced walk t
 executor's locks and threads.  Importing Dynamo takes over a second, so when it is not
 imported yet, both happen the moment Dynamo's modules load (an import hook): every
 `torch.compile(...)` call loads them first.
+
+`torch.compile(model)` with its default backend, Inductor, on a graph of `ltc` tensors runs it
+through the "ltc" backend (`_route_inductor`): Inductor has no code generation for the `ltc`
+device (a `KeyError: 'ltc'` deep in its lowering), while "ltc" runs the graph on the device
+and builds it with Inductor in the background once hot (tiered compilation), so a program
+that only changed its device string compiles as before.
 """
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ import importlib.machinery
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 __all__ = ["ltc_backend", "register"]
 
@@ -28,6 +36,30 @@ def ltc_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     # lazy: AOTAutograd and the capture machinery load on the first compile
     from .backend import ltc_backend as impl
     return impl(gm, example_inputs, **kwargs)
+
+
+def _on_ltc(gm: Any, example_inputs: Sequence[Any]) -> bool:
+    if any(isinstance(t, torch.Tensor) and t.device.type == "ltc" for t in example_inputs):
+        return True
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):   # a factory with device="ltc"
+        val = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(val, torch.Tensor) and val.device.type == "ltc":
+            return True
+    return False
+
+
+def _route_inductor() -> None:
+    wrapper = torch._TorchCompileInductorWrapper
+    original = wrapper.__call__
+    if getattr(original, "_ltc_routed", False):
+        return
+
+    def __call__(self: Any, model_: Any, inputs_: Sequence[Any]) -> Any:
+        if _on_ltc(model_, inputs_):
+            return ltc_backend(model_, inputs_)
+        return original(self, model_, inputs_)
+    __call__._ltc_routed = True  # type: ignore[attr-defined]
+    wrapper.__call__ = __call__
 
 
 def _register_with(registry: Any) -> None:
@@ -78,6 +110,7 @@ def register() -> None:
     # lazy: torch's fake-tensor machinery (part of Dynamo's load)
     from . import fakeify
     fakeify.install()
+    _route_inductor()
     if _hook is not None:
         return
     pending = set()

@@ -10,9 +10,17 @@ per token), and padded positions are set to the 0.0 that `to_padded_tensor` give
 the final norm as in eager.  Whether the fast path applies stays PyTorch's decision: the
 packing call raises a private signal for `ltc` inputs, which the patched `forward` catches
 (nothing has been computed by then but PyTorch's checks).
+
+Every other way to a nested tensor on `ltc` -- `torch.nested.nested_tensor(..., device="ltc")`,
+nested tensors of `ltc` tensors, a jagged one moved with `.to("ltc")` -- raises one clear
+error at the user's call.  Unguarded, the strided layout built a `NestedTensorImpl` over a lazy
+tensor that has no memory (a segmentation fault at its first op, or an INTERNAL ASSERT), and the
+jagged one (a Python subclass over a values tensor) ran simple ops but aborted the process in
+others.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -50,8 +58,55 @@ def _dense_encoder(self: torch.nn.TransformerEncoder, src: torch.Tensor, mask: A
     return output
 
 
+def _refuse(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"ltc_async: nested tensors have no lazy form: {what} on an ltc device is not supported; "
+        f"pad the sequences (torch.nn.utils.rnn.pad_sequence, or torch.nested.to_padded_tensor "
+        f"on the host) and keep a mask")
+
+
+def _on_ltc(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        values = getattr(v, "_values", None) if v.is_nested else None   # a jagged tensor's data
+        return v.device.type == "ltc" or (isinstance(values, torch.Tensor) and values.device.type == "ltc")
+    if isinstance(v, (list, tuple)):
+        return any(_on_ltc(e) for e in v)
+    if isinstance(v, (str, torch.device)):
+        return torch.device(v).type == "ltc"
+    return False
+
+
+def _guard_constructor(module: Any, name: str) -> None:
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if _on_ltc(args) or _on_ltc(tuple(kwargs.values())):
+            raise _refuse(f"torch.nested.{name}")
+        return original(*args, **kwargs)
+    setattr(module, name, guarded)
+
+
+def _guard_jagged_dispatch() -> None:
+    """A jagged nested tensor runs its ops in `NestedTensor.__torch_dispatch__`: refuse those on
+    `ltc` values or moving them to `ltc` (`.to("ltc")`, `_to_copy(device=ltc)`)."""
+    from torch.nested._internal.nested_tensor import NestedTensor
+    original = NestedTensor.__torch_dispatch__.__func__
+
+    def __torch_dispatch__(cls: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if _on_ltc(args) or (kwargs and _on_ltc(tuple(kwargs.values()))):
+            raise _refuse(f"{func} on a nested tensor")
+        return original(cls, func, types, args, kwargs)
+    NestedTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)
+
+
 def patch() -> None:
-    """Install the dense path for `ltc` inputs (once, from `registration`)."""
+    """Install the dense path for `ltc` inputs (once, from `registration`), and the guards."""
+    for name in ("nested_tensor", "as_nested_tensor", "nested_tensor_from_jagged", "narrow",
+                 "masked_select"):
+        if hasattr(torch.nested, name):
+            _guard_constructor(torch.nested, name)
+    _guard_jagged_dispatch()
     pack = torch._nested_tensor_from_mask
     forward = torch.nn.TransformerEncoder.forward
 

@@ -45,6 +45,7 @@ import torch
 
 from ..ir.schema import type_name
 from ..tensor.shapes import signature
+from .dispatch_modes import clone_saved_before_write
 
 _F = torch._C._functionalization
 _is_functional = torch._is_functional_tensor
@@ -348,6 +349,8 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _lazy(self):
             return original(self, *args, **kwargs)
+        if torch._C._len_torch_dispatch_stack():   # a mode may need to see the write
+            clone_saved_before_write(self)
         if _may_widen(self, args, kwargs):
             check_result_type(name, self, args, kwargs)
         if _write_needs_host(self):

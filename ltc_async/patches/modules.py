@@ -1,4 +1,5 @@
-"""`module.to("ltc:N")` keeps tied weights tied, and lazy modules uninitialized, as on CUDA.
+"""`module.to("ltc:N")` keeps parameter objects, tied weights tied, and lazy modules
+uninitialized, as on CUDA.
 
 `nn.Module._apply` converts each module's parameters separately.  On CUDA the converted data is
 swapped into the *same* `Parameter` object (`param.data = ...`), so a parameter shared by two
@@ -10,6 +11,15 @@ copies then get different gradients.
 The fix is general: around the outermost `_apply`, note which (module, name) slots hold the
 same `Parameter` (or buffer) object, and afterwards point every slot of such a group at the one
 converted object.  Nothing changes where conversion already kept the objects shared.
+
+The same incompatibility would give every parameter a new object, and an optimizer built before
+`model.to("ltc:0")` (PyTorch advises against it, but it works on CUDA) would go on updating the
+old host tensors while the model never trains.  So each `Parameter` the conversion replaced
+across the host/ltc boundary is swapped back into its original object
+(`torch.utils.swap_tensors`, what PyTorch's own `swap_module_params_on_conversion` does for
+devices it cannot shallow-copy into): the object keeps its identity and its Python attributes,
+and takes the converted tensor.  Where a swap is impossible (a weak reference to the parameter,
+its data held by another tensor) the new object stays, as before.
 
 Converted parameters also get a storage of their own.  `nn.Parameter` detaches its data, and
 `detach` is a view for functionalization: every parameter would be a view of the temporary
@@ -62,6 +72,34 @@ def _own_storages(root: torch.nn.Module, recurse: bool) -> None:
                 own_storage(p)
 
 
+def _parameter_slots(root: torch.nn.Module, recurse: bool) -> list[tuple[torch.nn.Module, str, Any]]:
+    return [(mod, name, p) for mod in (root.modules() if recurse else (root,))
+            for name, p in mod._parameters.items()
+            if type(p) is torch.nn.Parameter and not isinstance(p, torch.nn.parameter.UninitializedTensorMixin)]
+
+
+def _keep_objects(slots: list[tuple[torch.nn.Module, str, Any]]) -> None:
+    """Swap each converted parameter back into the object it replaced (see the module note)."""
+    swapped: dict[int, torch.nn.Parameter] = {}   # id(new) -> the old object now holding it
+    for mod, name, old in slots:
+        new = mod._parameters.get(name)
+        if new is None or new is old or type(new) is not torch.nn.Parameter:
+            continue
+        if id(new) in swapped:                     # a tied slot: already swapped
+            mod._parameters[name] = swapped[id(new)]
+            continue
+        if (old.device.type == "ltc") == (new.device.type == "ltc"):
+            continue                               # not across the host/ltc boundary
+        attrs = dict(old.__dict__)
+        try:
+            torch.utils.swap_tensors(old, new)
+        except RuntimeError:
+            continue                               # weakly referenced or shared: keep the new one
+        old.__dict__.update(attrs)                 # the user's attributes stay with the object
+        swapped[id(new)] = old
+        mod._parameters[name] = old
+
+
 def _uninitialized_slots(root: torch.nn.Module, recurse: bool) -> list[tuple[torch.nn.Module, str, str, Any]]:
     """The (module, table, name, placeholder) slots of lazy modules' uninitialized tensors."""
     found = []
@@ -96,6 +134,7 @@ def patch_module_apply() -> None:
             return original(self, fn, recurse)
         groups = _shared_slots(self, recurse)
         lazy = _uninitialized_slots(self, recurse)
+        params = _parameter_slots(self, recurse)
         _state.active = True
         try:
             out = original(self, fn, recurse)
@@ -105,6 +144,7 @@ def patch_module_apply() -> None:
             _retie(groups)
         if lazy:
             _keep_uninitialized(lazy)
+        _keep_objects(params)
         _own_storages(self, recurse)
         return out
 

@@ -242,8 +242,13 @@ class _LtcDeviceModule:
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """`dst.copy_(src)` below functionalization (how `torch.tensor(data, device="ltc")` fills its
-    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`."""
-    return copy_into(src, dst)
+    result): point the lazy `dst` at `src`'s value, or write a lazy `src` into a host `dst`.
+    Inside a dispatch handler (a `TorchDispatchMode`, a subclass such as a jagged nested
+    tensor or `allow_mutation_on_saved_tensors`' mode) functionalization is skipped and the
+    copy sees the user's functional tensors themselves (`aten._to_copy(t, device="ltc")`):
+    the copy is of their inner values."""
+    copy_into(_inner(src), _inner(dst))
+    return dst
 
 
 def _factory_ops() -> list[tuple[str, Any]]:

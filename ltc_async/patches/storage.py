@@ -162,7 +162,18 @@ def patch_load() -> None:
 
     def _rebuild_device_tensor_from_cpu_tensor(data: torch.Tensor, dtype: torch.dtype, device: Any,
                                                requires_grad: bool) -> torch.Tensor:
-        target = torch.device(torch._utils._get_restore_location(device))
+        mapping = torch.serialization._serialization_tls.map_location
+        if callable(mapping) and not isinstance(mapping, (dict, str, torch.device)):
+            # `map_location=lambda storage, loc: storage` (PyTorch refuses callables here):
+            # where the callable sends this tensor's host storage is where the tensor goes
+            moved = mapping(data.untyped_storage(), str(device))
+            target = torch.device(device) if moved is None else moved.device
+            if target.type != _LTC:
+                t = data.to(dtype).to(target)
+                t.requires_grad = requires_grad
+                return t
+        else:
+            target = torch.device(torch._utils._get_restore_location(device))
         if target.type != _LTC or _loading.depth == 0:
             return from_cpu(data, dtype, device, requires_grad)
         data = data.to(dtype)

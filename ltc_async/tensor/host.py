@@ -68,7 +68,10 @@ def upload(ctx: DeviceContext, host: torch.Tensor) -> LtcTensor:
             host = host.as_subclass(torch.Tensor)         # placeholder refuses `.shape` itself
     if host.device.type == "ltc":  # a functional wrapper on another lazy device
         return transfer(unwrap(host), ctx)
-    if host.layout is not torch.strided and not host.is_nested:
+    if host.is_nested:   # its buffer would travel as a dense tensor the nested ops then misread
+        raise RuntimeError(f"ltc_async: a nested tensor cannot move to {ctx.device}: lazy tensors "
+                           f"are dense; pad it first (torch.nested.to_padded_tensor) and keep a mask")
+    if host.layout is not torch.strided:
         # a sparse (or mkldnn) value would travel as device data claiming a dense layout, and
         # fail only at a later execution, with an error naming no line of the user's
         raise RuntimeError(f"ltc_async: a {host.layout} tensor cannot move to {ctx.device}: lazy "

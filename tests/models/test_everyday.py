@@ -446,6 +446,49 @@ def custom_parametrization(d):
 
 
 @program
+def optimizer_built_before_the_move(d):
+    # the optimizer holds the parameter objects made on the host; moving the model must move
+    # those objects (as on CUDA), or the optimizer trains stale host copies and the model none
+    emb = nn.Embedding(12, 8)
+    head = nn.Linear(8, 12)
+    head.weight = emb.weight                       # tied, as in GPT-2
+    model = nn.Sequential(emb, nn.Tanh(), head)
+    emb.weight.note = "tied"
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    model.to(d)
+    ids = torch.randint(0, 12, (4, 5)).to(d)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    same = [model[0].weight is opt.param_groups[0]["params"][0], model[2].weight is model[0].weight,
+            model[0].weight.note == "tied", model[0].weight.device.type == torch.device(d).type]
+    model.cpu()                                    # and back: still the optimizer's objects
+    same.append(model[2].bias is opt.param_groups[0]["params"][-1])
+    return torch.stack(losses), model[0].weight.detach(), model[2].bias.detach(), same
+
+
+@program
+def mutation_of_saved_tensors_allowed(d):
+    # torch.autograd.graph.allow_mutation_on_saved_tensors: backward must see the values saved
+    # before the in-place writes (a scratch buffer reused across layers)
+    x = torch.randn(4, 6).to(d).requires_grad_()
+    w = torch.randn(6, 6).to(d).requires_grad_()
+    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        buf = x @ w
+        h = buf.tanh()                  # saves its output, and buf is read by the product below
+        g = (buf * h).sum(1)
+        buf.mul_(0.5).add_(1.0)         # the scratch buffer is reused in place
+        h.sigmoid_()                    # and the saved tanh output overwritten
+        loss = g.sum() + (buf * h).sum()
+        loss.backward()
+    return loss.detach(), x.grad, w.grad
+
+
+@program
 def bool_and_complex_python_scalars(d):
     # masks built with Python bools (a padding mask, a causal mask, flags), complex rotary
     # embeddings in the style of Llama's reference code (`freqs_cis`, `* 1j`): all on the device
