@@ -209,7 +209,7 @@ def test_shape_errors_in_eagers_words(case):
 
 @pytest.mark.parametrize("case", [
     "argmax_bool", "softmax_long", "std_int", "relu_bool", "median_bool", "bitwise_not_float", "mm_half_float",
-    "pow_int_negative"])
+    "pow_int_negative", "index_select_float_index", "index_add_long_source"])
 def test_dtype_errors_raise_at_the_line_like_eager(case):
     """Kernels eager has no case for (a bool argmax, a long softmax) are refused at the line that
     called them, with eager's message, although their meta kernels accept the dtype; a value the
@@ -225,6 +225,8 @@ def test_dtype_errors_raise_at_the_line_like_eager(case):
         "bitwise_not_float": lambda d: torch.bitwise_not(ints.float().to(d)),
         "mm_half_float": lambda d: torch.ones(2, 2, dtype=torch.float16, device=d) @ torch.ones(2, 2, device=d),
         "pow_int_negative": lambda d: ints.to(d).abs() ** -7,   # found by the fuzzer
+        "index_select_float_index": lambda d: torch.ones(3, 4, device=d).index_select(0, ints.float().to(d)),
+        "index_add_long_source": lambda d: torch.ones(3, 4, device=d).index_add(0, ints.to(d), torch.ones(3, 4, dtype=torch.long, device=d)),
     }[case]
     with pytest.raises(RuntimeError) as eager:
         make("cpu")

@@ -162,8 +162,10 @@ class TSLowering:
                     v = const_value(e)
                     if bool_scalar and k == bool_scalar[0]:
                         v = int(v)  # TorchScript has no bool Scalar: the dtype says bool (below)
-                    args.append(self.constant(v))
-                else:  # SCALAR / RNG
+                    args.append(self._number_arg(node, k, self.constant(v)))
+                elif tag is SCALAR:
+                    args.append(self._number_arg(node, k, scalar_vals[e[1]]))
+                else:  # RNG
                     args.append(scalar_vals[e[1]])
             elif type(e) is tuple and not e:
                 args.append(self.empty_list(schema_args[k].type))
@@ -190,6 +192,19 @@ class TSLowering:
                     o.setType(_TENSOR)
                     outs.append(o)
         return outs
+
+    def _number_arg(self, node: Node, k: int, value: torch._C.Value) -> torch._C.Value:
+        """A Python number in argument `k`.  In a Tensor `self` (`7 // t` is `floor_divide(7, t)`)
+        no `.Scalar` twin takes it, as TorchScript resolves numbers in `other`: it becomes a
+        0-dim tensor of the result's dtype, what eager computes in after promoting the number."""
+        if k != 0 or not isinstance(node.op._schema.arguments[0].type, torch._C.TensorType):
+            return value
+        n = self.graph.create("aten::scalar_tensor", [value, self.constant(node.outputs[0].dtype),
+                                                      self.constant(None), self.constant(self.device),
+                                                      self.constant(None)], 1)
+        self.graph.insertNode(n)
+        n.output().setType(_TENSOR)
+        return n.output()
 
     def _int_arg(self, e: Any, inputs: dict[int | None, torch._C.Value]) -> torch._C.Value:
         """An int (or `int[]`) argument some of whose ints are graph inputs."""

@@ -160,10 +160,19 @@ _WHOLE_VIEWS = tuple(getattr(_F, n) for n in (
     "unsqueeze_ViewMeta", "unsqueeze__ViewMeta"))
 
 
-def _chain(t: torch.Tensor) -> list[tuple[type, tuple]]:
+# `_unsafe_view` (what a 3-D `matmul`, a bias-free `Linear` on 3-D input or a copying
+# `reshape` return) keeps its size as a reference into memory freed when the op returned: its
+# `as_tuple()` reads garbage or crashes the process (PyTorch 2.13).  It is always the first view
+# of a temporary base no Python code holds, so every alias of that storage shares the entry and
+# no replay ever starts before it: its state is never needed, and is not read.
+_UNREADABLE = (_F._unsafe_view_ViewMeta,)
+
+
+def _chain(t: torch.Tensor) -> list[tuple[type, tuple | None]]:
     """`t`'s view chain as plain (ViewMeta type, state) pairs, read at once: the ViewMeta
     objects PyTorch hands out point into the tensor, and a later sync of it can free them."""
-    return [(type(m), m.as_tuple()) for m in _F.get_view_meta_sequence(t)]
+    return [(type(m), None if type(m) in _UNREADABLE else m.as_tuple())
+            for m in _F.get_view_meta_sequence(t)]
 
 
 def base_of(t: torch.Tensor, aliases: list) -> tuple[torch.Tensor, list] | None:
@@ -221,6 +230,10 @@ def _as_view(meta: tuple[type, tuple]) -> Any:
     where functionalization made a `_copy`.  Its state is (has_symbolic_inputs, [out_index of
     a multi-output view,] reapply_views, inverse_return_mode, op args...)."""
     kind, state = meta
+    if state is None:
+        raise RuntimeError("ltc_async: this in-place write needs eager's memory aliasing through a "
+                           f"{kind.__name__.removesuffix('_ViewMeta')} view, which cannot be replayed; "
+                           "write through .clone()")
     state = list(state)
     mode = next(i for i, v in enumerate(state) if isinstance(v, _F.InverseReturnMode))
     state[mode - 1] = True

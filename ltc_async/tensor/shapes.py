@@ -118,6 +118,10 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         # can tell, so the op runs eagerly
         if info.dynamic_shape and "meta" in str(e).lower():
             return FALLBACK
+        # a user's `torch.library.custom_op` without `register_fake`: eager runs it on any
+        # device, so it runs eagerly on the host (an eager fallback, counted and reported)
+        if "no fake impl registered" in str(e) and not info.qualname.startswith(("aten::", "prims::")):
+            return FALLBACK
         if info.seeded:   # eager's error (`randn(3, dtype=torch.int64)`: NotImplementedError)
             _sample_like_eager(func, info, full)
         else:
@@ -208,9 +212,11 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
         return _on_stand_ins(func, info, full, inputs)
     floats = {t._m.dtype for t in inputs if t._m.dtype.is_floating_point or t._m.dtype.is_complex}
     several = isinstance(out, (tuple, list)) and len(out) > 1 and not floats.isdisjoint(_LOW)
-    # a bool or integer input, or an op defined for integers only (meta takes floats)
+    # a bool or integer input, an op defined for integers only (meta takes floats), or a
+    # floating-point index (meta kernels such as index_select's do not check its dtype)
     exact = any(not (t._m.dtype.is_floating_point or t._m.dtype.is_complex) for t in inputs) \
-        or info.name.startswith(_INTEGRAL_OPS)
+        or info.name.startswith(_INTEGRAL_OPS) \
+        or any(n in _INDEX_ARGS and type(v) is LtcTensor for n, v in zip(info.arg_names, full))
     if len(floats) < 2 and not several and not exact:
         return None
     try:
@@ -221,6 +227,7 @@ def _run_like_eager(func: Any, info: OpInfo, full: list, out: Any) -> Any:
         return None  # an error of the stand-ins' zero values (a zero-sum multinomial, ...)
 
 
+_INDEX_ARGS = ("index", "indices")
 _CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
 
 
@@ -322,7 +329,8 @@ def _about_dtypes(message: str, inputs: list[LtcTensor]) -> bool:
     low = message.lower()
     if "zero" in low:   # "ZeroDivisionError", a zero-sum multinomial: the stand-ins' values
         return False
-    if any(k in low for k in ("dtype", "floating point", "integral", "integer", "not implemented for")):
+    if any(k in low for k in ("dtype", "floating point", "integral", "integer", "not implemented for",
+                              "scalar type")):
         return True     # ... "Integers to negative integer powers are not allowed." too
     names = {str(t._m.dtype).removeprefix("torch.") for t in inputs}
     return any(n in low for n in names) or ("bool" in names and "boolean" in low)

@@ -489,6 +489,42 @@ def mutation_of_saved_tensors_allowed(d):
 
 
 @program
+def python_numbers_before_tensors(d):
+    # the number is the op's first argument (`-7 // b` is floor_divide(-7, b); DiffGrad's
+    # torch.div(1.0, 1.0 + exp(-diff))): computed on the device in eager's promoted dtype
+    b = torch.tensor([2, -3, 4, 7]).to(d)
+    x = (torch.rand(4) + 0.5).to(d)
+    h = torch.randn(4).half().to(d)
+    m = torch.tensor([True, False, True, True]).to(d)
+    return (-7 // b, 7.5 // b, 7.5 // x, torch.div(1.0, 1.0 + torch.exp(-x)), torch.sub(1, b),
+            torch.sub(1.0, b, alpha=2), torch.add(1.0, h), torch.mul(2, m), torch.div(7, b),
+            torch.div(7, b, rounding_mode="floor"), torch.floor_divide(3.0, h))
+
+
+@program
+def affine_matrices_written_in_place(d):
+    # kornia's get_affine_matrix2d: a batched matrix product, then its translation column
+    # written in place (`transform[..., 2] += translations`); also a bias-free Linear's 3-D
+    # output and a copying reshape, each written through a slice outside autograd
+    angle = torch.rand(4).to(d) * 3.0
+    cos, sin = angle.cos(), angle.sin()
+    rot = torch.stack([torch.stack([cos, -sin, torch.zeros_like(cos)], -1),
+                       torch.stack([sin, cos, torch.zeros_like(cos)], -1),
+                       torch.stack([torch.zeros_like(cos)] * 2 + [torch.ones_like(cos)], -1)], 1)
+    scale = torch.diag_embed(torch.rand(4, 3).to(d) + 0.5)
+    shift = torch.randn(4, 2).to(d)
+    with torch.no_grad():
+        transform = rot @ scale
+        transform[..., :2, 2] += shift
+        lin = nn.Linear(3, 5, bias=False).to(d)
+        y = lin(torch.randn(2, 4, 3).to(d))
+        y[:, 1] += 1.0
+        r = torch.randn(2, 4, 3).to(d).transpose(1, 2).reshape(2, 12)
+        r[:, 3:5] *= 2.0
+    return transform, y, r
+
+
+@program
 def bool_and_complex_python_scalars(d):
     # masks built with Python bools (a padding mask, a causal mask, flags), complex rotary
     # embeddings in the style of Llama's reference code (`freqs_cis`, `* 1j`): all on the device
