@@ -453,3 +453,35 @@ def patch() -> None:
                     torch.jit._builtins._register_builtin(getattr(torch, name), op)
     for name in _AUGMENTED + ("__setitem__",):
         setattr(torch.Tensor, name, _checked_write(getattr(torch.Tensor, name)))
+    torch.Tensor.fill_diagonal_ = _diagonal_filled(torch.Tensor.fill_diagonal_)
+
+
+def _diagonal_filled(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`t.fill_diagonal_(v, wrap)` on ltc: PyTorch writes it through `as_strided` views, which run
+    eagerly here (a host round trip per call: contrastive losses mask their similarity matrix's
+    diagonal every step).  The same elements written by indices made on the device: (i, ..., i)
+    for an N-D tensor; for a 2-D one every (w + 1)-th element in row-major order, past the
+    square part too with `wrap` (eager follows the strides there, so a non-contiguous tall
+    tensor with `wrap` keeps eager's path)."""
+    def fill_diagonal_(self: torch.Tensor, fill_value: Any, wrap: bool = False) -> torch.Tensor:
+        shape = self.shape
+        if not _lazy(self) or len(shape) < 2 or any(n != shape[0] for n in shape[2:]) \
+                or (len(shape) > 2 and shape[1] != shape[0]):
+            return original(self, fill_value, wrap)   # eager's errors for the other shapes
+        if self.numel() == 0:
+            return self
+        if len(shape) > 2:
+            i = torch.arange(shape[0], device=self.device)
+            self[(i,) * len(shape)] = fill_value
+            return self
+        h, w = shape
+        total = min(h, w)
+        if wrap and h > w + 1:
+            if not self.is_contiguous():
+                return original(self, fill_value, wrap)
+            total = -(-self.numel() // (w + 1))
+        flat = torch.arange(total, device=self.device) * (w + 1)
+        self[flat // w, flat % w] = fill_value
+        return self
+    fill_diagonal_.__doc__ = original.__doc__
+    return fill_diagonal_

@@ -525,6 +525,29 @@ def affine_matrices_written_in_place(d):
 
 
 @program
+def contrastive_loss_masks_its_diagonal(d):
+    # SimCLR / InfoNCE as pytorch-metric-learning writes it: the similarity matrix's diagonal
+    # filled in place (was an eager fallback per call: PyTorch writes it through as_strided)
+    enc = nn.Linear(6, 4).to(d)
+    opt = torch.optim.SGD(enc.parameters(), lr=0.1)
+    a, b = torch.randn(5, 6).to(d), torch.randn(5, 6).to(d)
+    losses = []
+    for _ in range(2):
+        z = F.normalize(enc(torch.cat([a, b])), dim=1)
+        sim = z @ z.t() / 0.5
+        sim.fill_diagonal_(-1e9)
+        target = torch.cat([torch.arange(5, 10), torch.arange(0, 5)]).to(d)
+        loss = F.cross_entropy(sim, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    tall = torch.zeros(7, 3).to(d).fill_diagonal_(2.0, wrap=True)
+    cube = torch.zeros(3, 3, 3).to(d).fill_diagonal_(1.0)
+    return torch.stack(losses), enc.weight, tall, cube
+
+
+@program
 def bool_and_complex_python_scalars(d):
     # masks built with Python bools (a padding mask, a causal mask, flags), complex rotary
     # embeddings in the style of Llama's reference code (`freqs_cis`, `* 1j`): all on the device
