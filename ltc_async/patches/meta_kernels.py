@@ -6,6 +6,9 @@ Registered here, once at import, for aten's `Meta` key (what a fake impl would s
 
 * `_ctc_loss_backward`: the gradient of `log_probs`, its shape and dtype (eager's CPU and CUDA
   kernels allocate it contiguous, like `log_probs`).
+* `_sample_dirichlet`, `_dirichlet_grad`, `_standard_gamma_grad`: Dirichlet sampling and the
+  reparameterized gradients of Gamma, Beta and Dirichlet samples (`rsample`, pyro's and VAEs'
+  latent variables): elementwise, a contiguous result shaped and typed as their first input.
 """
 from __future__ import annotations
 
@@ -20,13 +23,18 @@ def _ctc_loss_backward(grad: Any, log_probs: torch.Tensor, *args: Any, **kwargs:
     return torch.empty(log_probs.shape, dtype=log_probs.dtype, device=log_probs.device)
 
 
+def _like_first(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 def register() -> None:
     """Install the kernels (once; at `import ltc_async`)."""
     global _lib
     if _lib is not None:
         return
     lib = torch.library.Library("aten", "IMPL")
-    for name, kernel in (("_ctc_loss_backward", _ctc_loss_backward),):
+    for name, kernel in (("_ctc_loss_backward", _ctc_loss_backward), ("_sample_dirichlet", _like_first),
+                         ("_dirichlet_grad", _like_first), ("_standard_gamma_grad", _like_first)):
         op = getattr(torch.ops.aten, name).default
         if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
             lib.impl(op, kernel, "Meta")

@@ -548,6 +548,23 @@ def contrastive_loss_masks_its_diagonal(d):
 
 
 @program
+def reparameterized_gamma_beta_dirichlet(d):
+    # rsample of Gamma / Beta / Dirichlet latents (pyro, Dirichlet VAEs): sampled and
+    # differentiated on the device (were eager fallbacks: _sample_dirichlet, _dirichlet_grad,
+    # _standard_gamma_grad).  The device draws its own numbers, so only what does not depend on
+    # them is compared: a Dirichlet sample sums to one (its sum's gradient is zero), and the
+    # log-densities of fixed points
+    conc = torch.tensor([1.5, 2.0, 0.7]).to(d).requires_grad_()
+    x = torch.tensor([0.2, 0.5, 0.3]).to(d)
+    z = torch.distributions.Dirichlet(conc).rsample((4,))
+    b = torch.distributions.Beta(conc, conc * 2).rsample()
+    g = torch.distributions.Gamma(conc, 2.0).rsample()
+    lp = torch.distributions.Dirichlet(conc).log_prob(x) + torch.distributions.Beta(conc, 2.0).log_prob(x).sum()
+    (z.sum() + (b * 0).sum() + (g * 0).sum() + lp).backward()
+    return z.sum(-1), lp, conc.grad, (b > 0).all() & (b < 1).all(), (g > 0).all()
+
+
+@program
 def bool_and_complex_python_scalars(d):
     # masks built with Python bools (a padding mask, a causal mask, flags), complex rotary
     # embeddings in the style of Llama's reference code (`freqs_cis`, `* 1j`): all on the device
