@@ -9,6 +9,8 @@ Registered here, once at import, for aten's `Meta` key (what a fake impl would s
 * `_sample_dirichlet`, `_dirichlet_grad`, `_standard_gamma_grad`: Dirichlet sampling and the
   reparameterized gradients of Gamma, Beta and Dirichlet samples (`rsample`, pyro's and VAEs'
   latent variables): elementwise, a contiguous result shaped and typed as their first input.
+* `linalg_pinv.atol_rtol_tensor` (every `torch.linalg.pinv` call ends there): `(..., n, m)`
+  for an `(..., m, n)` input, its dtype.
 """
 from __future__ import annotations
 
@@ -27,6 +29,12 @@ def _like_first(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _pinv(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if x.dim() < 2:
+        raise RuntimeError("linalg.pinv(A): The input tensor A must have at least 2 dimensions.")
+    return torch.empty((*x.shape[:-2], x.shape[-1], x.shape[-2]), dtype=x.dtype, device=x.device)
+
+
 def register() -> None:
     """Install the kernels (once; at `import ltc_async`)."""
     global _lib
@@ -34,8 +42,10 @@ def register() -> None:
         return
     lib = torch.library.Library("aten", "IMPL")
     for name, kernel in (("_ctc_loss_backward", _ctc_loss_backward), ("_sample_dirichlet", _like_first),
-                         ("_dirichlet_grad", _like_first), ("_standard_gamma_grad", _like_first)):
-        op = getattr(torch.ops.aten, name).default
+                         ("_dirichlet_grad", _like_first), ("_standard_gamma_grad", _like_first),
+                         ("linalg_pinv.atol_rtol_tensor", _pinv)):
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
         if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
             lib.impl(op, kernel, "Meta")
     _lib = lib

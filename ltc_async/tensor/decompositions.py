@@ -41,9 +41,11 @@ from typing import Any
 import torch
 
 from ..ir.schema import TENSOR_LIST, aten_schemas, op_info, type_name
+from ..base import counters
 from . import shapes
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
+from .trace import trace
 from .writeback import write
 
 aten = torch.ops.aten
@@ -413,6 +415,19 @@ def _fma(func: Any, args: tuple, kwargs: dict) -> Any:
     return dispatch(aten.add.Tensor, (dispatch(mul, (a, b), {}), c), {})
 
 
+def _pinv(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`linalg_pinv` traced as itself, its default tolerances spelled out: with `atol` and
+    `rtol` both None, TorchScript resolves the call to the float overload and the op would take
+    the eager fallback.  `atol = 0` is the same call (eager then takes rtol = eps * max(m, n))."""
+    info = op_info(func)
+    a, atol, rtol, hermitian = info.bind(args, kwargs)
+    counters.counter(info.counter)
+    if atol is None and rtol is None and isinstance(a, LtcTensor) and \
+            (a._m.dtype.is_floating_point or a._m.dtype.is_complex):
+        atol = torch.zeros((), dtype=a._m.dtype.to_real())
+    return trace(func, info, [a, atol, rtol, hermitian])
+
+
 #: decompositions of ops that may not exist when this module loads, by qualified name
 BY_NAME: dict[str, Callable[[Any, tuple, dict], Any]] = {"prims::fma": _fma}
 
@@ -422,5 +437,6 @@ DECOMPOSITIONS: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
     aten._thnn_fused_gru_cell.default: _gru_cell,
     aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
+    aten.linalg_pinv.atol_rtol_tensor: _pinv,
 }
 register_handlers(DECOMPOSITIONS, BY_NAME)

@@ -93,7 +93,8 @@ def linear_algebra(d):
     spd = a @ a.T + 4 * torch.eye(4).to(d)
     return (torch.linalg.inv(spd), torch.linalg.cholesky(spd), torch.linalg.solve(spd, a),
             torch.linalg.det(spd), torch.linalg.norm(a), torch.linalg.qr(a)[1].abs(),
-            torch.linalg.eigvalsh(spd))
+            torch.linalg.eigvalsh(spd), torch.linalg.pinv(a[:, :3]), torch.linalg.pinv(spd, hermitian=True),
+            torch.linalg.pinv(a, rtol=0.3))
 
 
 @program
