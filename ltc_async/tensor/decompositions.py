@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from ..ir.schema import TENSOR_LIST, aten_schemas, op_info, type_name
 from ..base import counters
+from ..ir.schema import TENSOR_LIST, aten_schemas, op_info, type_name
 from . import shapes
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
