@@ -276,6 +276,53 @@ def _unique_consecutive(func: Any, x: Any, return_inverse: Any, return_counts: A
     return _runs(func, x, _flat(x), None, return_inverse, return_counts)
 
 
+_UNIQUE_DIM_MAX_WIDTH = 64   # elements per slice: one stable sort each (wider: eager fallback)
+
+
+def _unique_dim(func: Any, x: Any, dim: int, is_sorted: Any, return_inverse: Any,
+                return_counts: Any) -> Any:
+    """`torch.unique(x, dim=d)` (deduplicating edges: `unique(edge_index, dim=1)`): the slices
+    along `d` as rows, sorted lexicographically by one stable sort per element position, last
+    to first (eager's order: it always sorts), then `unique`'s runs over whole rows."""
+    if not -x.dim() <= dim < x.dim() or x.dtype.is_complex:
+        return _traced(func, x, dim, is_sorted, return_inverse, return_counts)   # eager's errors
+    d = dim % x.dim()
+    n = x.shape[d]
+    width = x.numel() // n if n else 0
+    if n == 0 or width == 0 or width > _UNIQUE_DIM_MAX_WIDTH:
+        return _traced(func, x, dim, is_sorted, return_inverse, return_counts)
+    moved = _op(aten.movedim.int, x, d, 0)
+    rows = _op(aten.view_copy.default, _op(aten.clone.default, moved, memory_format=torch.contiguous_format),
+               [n, width])
+    perm = _op(aten.arange.default, n, dtype=torch.long, device=x.device)
+    for c in range(width - 1, -1, -1):
+        column = _op(aten.index_select.default, _op(aten.select_copy.int, rows, 1, c), 0, perm)
+        order = _op(aten.sort.stable, column, stable=True, dim=0)[1]
+        perm = _op(aten.index_select.default, perm, 0, order)
+    ordered = _op(aten.index_select.default, rows, 0, perm)
+    head = _op(aten.ones.default, [1], dtype=torch.bool, device=x.device)
+    if n > 1:
+        step = _op(aten.any.dim, _op(aten.ne.Tensor, _op(aten.slice_copy.Tensor, ordered, 0, 1, n),
+                                     _op(aten.slice_copy.Tensor, ordered, 0, 0, n - 1)), 1)
+        first = _op(aten.cat.default, [head, step])
+    else:
+        first = head
+    where = _op(aten.view_copy.default, _nonzero(func, first), [-1])
+    m = where.shape[0]
+    picked = _op(aten.index_select.default, ordered, 0, where)
+    out = _op(aten.movedim.int, _op(aten.view_copy.default, picked, [m, *moved.shape[1:]]), 0, d)
+    out = _op(aten.clone.default, out, memory_format=torch.contiguous_format)
+    group = _op(aten.sub.Tensor, _op(aten.cumsum.default, first, 0), 1)
+    inverse = _op(aten.scatter.src, _op(aten.zeros_like.default, group), 0, perm, group) \
+        if return_inverse else _op(aten.zeros.default, [0], dtype=torch.long, device=x.device)
+    if return_counts:
+        zeros = _op(aten.zeros.default, [m], dtype=torch.long, device=x.device)
+        counts = _op(aten.scatter_add.default, zeros, 0, group, _op(aten.ones_like.default, group))
+    else:
+        counts = _op(aten.zeros.default, [0], dtype=torch.long, device=x.device)
+    return out, inverse, counts
+
+
 def _flat(x: Any) -> Any:
     return _op(aten.view_copy.default, _op(aten.clone.default, x, memory_format=torch.contiguous_format), [-1])
 
@@ -350,6 +397,7 @@ register_handlers({
     aten.bincount.default: _bound(_bincount),
     aten._unique2.default: _bound(_unique2),
     aten.unique_consecutive.default: _bound(_unique_consecutive),
+    aten.unique_dim.default: _bound(_unique_dim),
     aten.repeat_interleave.Tensor: _bound(_repeat_interleave),
     aten._ctc_loss.Tensor: _bound(_ctc_loss),
     aten._ctc_loss_backward.Tensor: _bound(_ctc_loss_backward),

@@ -566,6 +566,19 @@ def reparameterized_gamma_beta_dirichlet(d):
 
 
 @program
+def duplicate_edges_removed(d):
+    # graph code deduplicates its edge list: torch.unique(edge_index, dim=1) (was an eager
+    # fallback; now one size read), then counts degrees over the unique edges
+    src = torch.tensor([0, 1, 1, 2, 0, 3, 1, 2, 0])
+    dst = torch.tensor([1, 2, 2, 0, 1, 1, 2, 3, 1])
+    edge_index = torch.stack([src, dst]).to(d)
+    unique, inverse, counts = torch.unique(edge_index, dim=1, return_inverse=True, return_counts=True)
+    degree = torch.zeros(4, dtype=torch.long).to(d).index_add_(0, unique[1], torch.ones_like(unique[1]))
+    rows = torch.unique(torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 2.0]]).to(d), dim=0)
+    return unique, inverse, counts, degree, rows
+
+
+@program
 def bool_and_complex_python_scalars(d):
     # masks built with Python bools (a padding mask, a causal mask, flags), complex rotary
     # embeddings in the style of Llama's reference code (`freqs_cis`, `* 1j`): all on the device
