@@ -363,3 +363,47 @@ def test_every_twin_keeps_the_loop_ticking(twin):
     with watchdog(300):
         ticks, took = trio.run(main)
     assert took > 0.1 and ticks >= max(5, int(took / 0.005 * 0.3)), (ticks, took)
+
+
+def test_modules_called_while_another_thread_fx_traces_run_normally():
+    """FX replaces `nn.Module.__call__` for the whole process while it traces; ltc_async's
+    tier-up thread traces hot graphs (make_fx, Inductor) while the user's thread keeps calling
+    modules, which then ran the other thread's tracer and raised ("module is not installed as a
+    submodule": a generate() crashed at random).  Here a thread traces a model (held mid-trace)
+    while this thread trains on ltc; both results are right."""
+    import torch.fx
+
+    inside, release = threading.Event(), threading.Event()
+
+    class Held(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            inside.set()
+            release.wait(30)
+            return self.lin(x).relu()
+
+    traced = {}
+    t = threading.Thread(target=lambda: traced.setdefault("gm", torch.fx.symbolic_trace(Held())))
+    t.start()
+    try:
+        assert inside.wait(30)
+        torch.manual_seed(0)
+        eager = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        lazy = copy.deepcopy(eager).to("ltc:0")
+        x = torch.randn(5, 3)
+        for model, dev in ((eager, "cpu"), (lazy, "ltc:0")):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                model(x.to(dev)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            ltc.mark_step()
+        for a, b in zip(eager.parameters(), lazy.parameters()):
+            torch.testing.assert_close(b.cpu(), a.detach())
+    finally:
+        release.set()
+        t.join(30)
+    assert [n.op for n in traced["gm"].graph.nodes] == ["placeholder", "call_module", "call_method", "output"]

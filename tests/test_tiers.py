@@ -207,6 +207,69 @@ def test_adamw_training_moves_to_inductor_although_its_scalars_change():
     assert c["TierUpCompile"] >= 1 and c["TierUpRun"] >= 5 and c["TierUpFailed"] == 0
 
 
+def _on_both(step, state, steps=12):
+    """`step(state, i)` run `steps` times on the host and on ltc:0 (the top tier from step 6:
+    the build is waited for after step 5); each step's state read back at the end."""
+    out = {}
+    for dev in ("cpu", DEV):
+        st = [t.clone().to(dev) for t in state]
+        seen = []
+        for i in range(steps):
+            step(st, i)
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 5:
+                    assert ltc.debug.wait_compiles(600)
+            seen.append([t.clone() for t in st])
+        out[dev] = [[t.cpu() for t in ts] for ts in seen]
+    return out["cpu"], out[DEV]
+
+
+def test_an_ema_of_matrix_products_keeps_eager_values_on_the_top_tier():
+    """A VQ-VAE's EMA codebook update, `embed_avg.mul_(d).add_(onehot.t() @ z, alpha=1 - d)`:
+    Inductor (torch 2.13) fuses `add(c, mm, alpha)` into an addmm that drops alpha (plain
+    torch.compile gives `c + a @ b` too); the top tier passes alpha as a product."""
+    g = torch.Generator().manual_seed(3)
+    zs, codes = torch.randn(12, 16, 4, generator=g), torch.randint(0, 8, (12, 16), generator=g)
+
+    def step(st, i):
+        embed_avg, size = st
+        onehot = torch.nn.functional.one_hot(codes[i].to(embed_avg.device), 8).float()
+        embed_avg.mul_(0.9).add_(onehot.t() @ zs[i].to(embed_avg.device), alpha=0.1)
+        size.mul_(0.9).add_(onehot.sum(0), alpha=0.1)
+    ltc.metrics.reset()
+    want, got = _on_both(step, [torch.zeros(8, 4), torch.zeros(8)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert _counts()["TierUpRun"] >= 5
+
+
+def test_asgd_keeps_eager_values_on_the_top_tier():
+    """ASGD's foreach step computes `eta = lr / (1 + lambd * lr * step) ** alpha` from 0-dim
+    tensors: the top tier took `lr` as a 0-dim float64 input, which outranks a 0-dim float32
+    tensor in type promotion where a Python number does not: eta came out float64, was read as
+    float32 (0.0 every other step), and the parameters drifted."""
+    torch.manual_seed(0)
+    w0 = torch.randn(4, 3)
+    xs = torch.randn(12, 8, 4, generator=torch.Generator().manual_seed(5))
+    results = {}
+    for dev in ("cpu", DEV):
+        w = torch.nn.Parameter(w0.clone().to(dev))
+        opt = torch.optim.ASGD([w], lr=1e-2, t0=2)
+        etas = []
+        for i in range(12):
+            opt.zero_grad()
+            (xs[i].to(dev) @ w).pow(2).mean().backward()
+            opt.step()
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 5:
+                    assert ltc.debug.wait_compiles(600)
+            etas.append(opt.state[w]["eta"].detach().clone())
+        results[dev] = (torch.stack([e.cpu() for e in etas]), w.detach().cpu(), opt.state[w]["ax"].cpu())
+    for got, want in zip(results[DEV], results["cpu"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_graphs_drawing_random_numbers_stay_on_the_quick_tier():
     drop = torch.nn.Dropout(0.5)
     x = torch.ones(16, 16, device=DEV)

@@ -154,6 +154,24 @@ def specialization(graph: Interpreter) -> Any:
     return key
 
 
+_ALPHA = (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor)
+
+
+def _without_alpha(op: Any, args: list, kwargs: dict) -> Any:
+    """`op(*args, **kwargs)`, with `add`/`sub`'s `alpha` applied by a `mul` of its operand:
+    Inductor (torch 2.13) drops the `alpha` of `add(c, mm(a, b), alpha=k)` -- it fuses the pair
+    into `addmm` without it -- so an EMA of a matrix product (a VQ-VAE codebook's
+    `embed_avg.mul_(d).add_(onehot.t() @ z, alpha=1 - d)`) went wrong once its graph tiered up."""
+    alpha = kwargs.get("alpha", 1)
+    if op not in _ALPHA or (not isinstance(alpha, torch.Tensor) and alpha == 1):
+        return op(*args, **kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k != "alpha"}
+    x, y = args[0], args[1]
+    scaled = torch.ops.aten.mul.Tensor(y, alpha) if isinstance(alpha, torch.Tensor) \
+        else torch.ops.aten.mul.Scalar(y, alpha) if isinstance(y, torch.Tensor) else y * alpha
+    return op(x, scaled, *args[2:], **kwargs)
+
+
 class _Lift:
     """A liftable scalar while tracing: its 0-dim tensor and its value."""
 
@@ -168,13 +186,19 @@ class _LiftingInterpreter(Interpreter):
 
     def _run_step(self, step: tuple, env: list[list[Any]], it: Any) -> list[Any]:
         op, template, operands, n_scalars, out_spec = step
-        if not n_scalars:
-            return super()._run_step(step, env, it)
         scalars = [next(it) for _ in range(n_scalars)]
-        if not any(isinstance(v, _Lift) for v in scalars):
+        if not isinstance(op, torch._ops.OpOverload) or not any(isinstance(v, _Lift) for v in scalars):
+            if op in _ALPHA:
+                vals = [env[k][i] for k, i in operands]
+                pos_args, kw_args = self._split(op, [self._arg(e, vals, scalars) for e in template])
+                return self.flatten(_without_alpha(op, pos_args, kw_args), out_spec)
             return super()._run_step(step, env, iter(scalars))
         vals = [env[k][i] for k, i in operands]
-        floating = all(v.dtype.is_floating_point for v in vals if isinstance(v, torch.Tensor))
+        # a lifted float is a 0-dim float64 tensor, which outranks 0-dim float32 tensors in type
+        # promotion where a Python number does not (`lr / step` of 0-dim tensors came out float64,
+        # read as float32: ASGD's eta): lifted only beside a tensor with dimensions
+        floating = all(v.dtype.is_floating_point for v in vals if isinstance(v, torch.Tensor)) \
+            and any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in vals)
         schema = op._schema
         args = []
         for pos, e in enumerate(template):
@@ -199,7 +223,7 @@ class _LiftingInterpreter(Interpreter):
                 op = _SCALAR_TO_TENSOR[op]
             pos_args = [a.tensor if isinstance(a, _Lift) else a for a in pos_args]
             kw_args = {k: (a.tensor if isinstance(a, _Lift) else a) for k, a in kw_args.items()}
-            out = op(*pos_args, **kw_args)
+            out = _without_alpha(op, pos_args, kw_args)
         return self.flatten(out, out_spec)
 
     @staticmethod

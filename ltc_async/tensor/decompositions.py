@@ -428,6 +428,31 @@ def _pinv(func: Any, args: tuple, kwargs: dict) -> Any:
     return trace(func, info, [a, atol, rtol, hermitian])
 
 
+_INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _histc(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`torch.histc` of an integer tensor: CUDA's kernel takes it (transformers' MoE
+    load-balancing loss calls it on int32 expert indices whenever the device is not the CPU),
+    the CPU's has no integer case.  The same bins counted in float64 (exact for every integer
+    a bin edge can tell apart), returned in the input's dtype as CUDA returns them."""
+    info = op_info(func)
+    x, bins, lo, hi = info.bind(args, kwargs)
+    if not (isinstance(x, LtcTensor) and x._m.dtype in _INTEGRAL):
+        counters.counter(info.counter)
+        return trace(func, info, [x, bins, lo, hi])
+    counts = dispatch(func, (_cast(x, torch.float64), bins, lo, hi), None)
+    return _cast(counts, x._m.dtype)
+
+
+def _cast(x: LtcTensor, dtype: torch.dtype) -> LtcTensor:
+    """`x.to(dtype)` below functionalization, traced (`_to_copy`'s handler wraps what it
+    returns for functionalization's own callers)."""
+    info = op_info(aten._to_copy.default)
+    counters.counter(info.counter)
+    return trace(aten._to_copy.default, info, info.bind((x,), {"dtype": dtype}))
+
+
 #: decompositions of ops that may not exist when this module loads, by qualified name
 BY_NAME: dict[str, Callable[[Any, tuple, dict], Any]] = {"prims::fma": _fma}
 
@@ -438,5 +463,6 @@ DECOMPOSITIONS: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._thnn_fused_gru_cell.default: _gru_cell,
     aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
     aten.linalg_pinv.atol_rtol_tensor: _pinv,
+    aten.histc.default: _histc,
 }
 register_handlers(DECOMPOSITIONS, BY_NAME)

@@ -109,6 +109,7 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
     for i, k in enumerate(info.kinds):
         if k == GENERATOR:
             margs[i] = None
+    by_eager = False   # the metas are eager's (meta refused what the backing device takes)
     try:
         out = call(func, info, margs)
     except NotImplementedError:
@@ -124,10 +125,17 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
             return FALLBACK
         if info.seeded:   # eager's error (`randn(3, dtype=torch.int64)`: NotImplementedError)
             _sample_like_eager(func, info, full)
-        else:
-            _raise_eagers_error(func, info, full)   # eager's words for the same mistake, if it agrees
-        raise
-    if not info.seeded:
+            raise
+        # eager's words for the same mistake, if it agrees; if the backing device's kernel takes
+        # the call, its result stands: a meta kernel may hold a rule of another device's kernels
+        # (`_grouped_mm` demands bf16, as CUDA's does; the CPU's computes float32)
+        eager = _raise_eagers_error(func, info, full)
+        if eager is None:
+            raise
+        out, by_eager = _as_meta(eager), True
+    if by_eager:
+        pass
+    elif not info.seeded:
         eager = _run_like_eager(func, info, full, out)
         if eager is not None:
             out = _with_dtypes_of(out, eager)
@@ -256,21 +264,30 @@ def _is_channels_last(m: TensorMeta, fmt: torch.memory_format) -> bool:
 _STAND_IN_BYTES = 64 << 20   # eager's re-run of a failed call allocates its inputs as zeros
 
 
-def _raise_eagers_error(func: Any, info: OpInfo, full: list) -> None:
+def _raise_eagers_error(func: Any, info: OpInfo, full: list) -> Any:
     """A call meta refused: run it by eager on stand-ins and raise eager's error where eager
     refuses it too (the messages users know: "mat1 and mat2 shapes cannot be multiplied"
-    rather than the meta kernel's "a and b must have same reduction dim").  Returns when eager
-    takes it (an error of the stand-ins' values is not the user's: meta's error stands) or the
-    inputs are too large to make."""
+    rather than the meta kernel's "a and b must have same reduction dim").  Returns eager's
+    result where eager takes it, None where the inputs are too large to make or eager fails
+    otherwise (meta's error then stands)."""
     inputs = _lazy_inputs(full)
     if not inputs or info.seeded or sum(math.prod(t._m.shape) * t._m.dtype.itemsize for t in inputs) > _STAND_IN_BYTES:
-        return
+        return None
     try:
-        _on_stand_ins(func, info, full, inputs)
+        return _on_stand_ins(func, info, full, inputs)
     except (RuntimeError, IndexError, ValueError, TypeError) as e:
         raise e.with_traceback(None) from None
     except Exception:  # noqa: BLE001 - anything else: meta's error stands
-        return
+        return None
+
+
+def _as_meta(out: Any) -> Any:
+    """Eager's outputs as meta tensors of the same geometry (what shape inference keeps)."""
+    if isinstance(out, torch.Tensor):
+        return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_as_meta(o) for o in out)
+    return out
 
 
 def _sample_like_eager(func: Any, info: OpInfo, full: list) -> None:

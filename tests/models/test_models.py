@@ -56,6 +56,17 @@ def _bert() -> torch.nn.Module:
     return transformers.BertForSequenceClassification(cfg)
 
 
+def _mixtral() -> torch.nn.Module:
+    # transformers' mixture of experts: its default experts path is F.grouped_mm (float32 on a
+    # CPU-backed device, which PyTorch's meta kernel refuses as CUDA's does) and its router
+    # counts tokens per expert with an integer torch.histc off the CPU (CUDA has it, the CPU not)
+    cfg = transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                                     output_router_logits=True, router_aux_loss_coef=0.02)
+    return transformers.MixtralForCausalLM(cfg)
+
+
 def _resnet() -> torch.nn.Module:
     cfg = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=5)
     return transformers.ResNetForImageClassification(cfg)
@@ -161,6 +172,8 @@ CASES = [
     Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd),
     Case("gpt2", _gpt2, _tokens, lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss,
          _adamw, atol=_ADAM_ATOL),
+    Case("mixtral", _mixtral, _tokens,
+         lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss, _adamw, atol=_ADAM_ATOL),
     Case("bert", _bert,
          lambda: {**_tokens(), "labels": torch.randint(0, 3, (2,), generator=G)},
          lambda m, b: m(**b).loss, _adamw, atol=_ADAM_ATOL),
