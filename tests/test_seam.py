@@ -516,3 +516,18 @@ def test_make_fx_and_linearize_refuse_ltc_tensors_instead_of_tracing_constants()
     graph = make_fx(f)(x)                   # traced on the host, run on ltc
     torch.testing.assert_close(graph(x.to(D)).cpu(), f(x))
     torch.testing.assert_close(torch.compile(f, backend="ltc")(x.to(D)).cpu(), f(x))
+
+
+def test_a_custom_op_without_a_fake_impl_runs_like_eager():
+    """A `torch.library.custom_op` with no `register_fake` runs eagerly on any device; on ltc
+    its output shape cannot be inferred, so it runs as an eager fallback (counted), with the
+    same values and gradients, and the ops around it stay on the device."""
+    @torch.library.custom_op("ltc_tests::scaled_sin", mutates_args=())
+    def scaled_sin(x: torch.Tensor, k: float) -> torch.Tensor:
+        return x.sin() * k
+
+    x = torch.tensor([0.5, -1.0, 2.0])
+    ltc.metrics.reset()
+    got = (scaled_sin(x.to(D) * 2, 3.0) + 1).cpu()
+    torch.testing.assert_close(got, scaled_sin(x * 2, 3.0) + 1)
+    assert ltc.metrics.counter_value("EagerFallback") == 1

@@ -479,7 +479,8 @@ def mutation_of_saved_tensors_allowed(d):
     x = torch.randn(4, 6).to(d).requires_grad_()
     w = torch.randn(6, 6).to(d).requires_grad_()
     with torch.autograd.graph.allow_mutation_on_saved_tensors():
-        buf = x @ w
+        shift = torch.full((4, 6), 0.25).to(d)   # moved inside the context (its mode copies it)
+        buf = x @ w + shift
         h = buf.tanh()                  # saves its output, and buf is read by the product below
         g = (buf * h).sum(1)
         buf.mul_(0.5).add_(1.0)         # the scratch buffer is reused in place
