@@ -38,8 +38,8 @@ def test_two_devices_run_concurrently():
         ltc.wait_device_ops([f"ltc:{k}" for k in devs])
         del ys
         return time.perf_counter() - t0
-    one = min(timed([0]) for _ in range(2))
-    both = min(timed([0, 1]) for _ in range(2))
+    one = min(timed([0]) for _ in range(3))    # the best of 3: one slow round is the machine's
+    both = min(timed([0, 1]) for _ in range(3))
     # The machine's own capacity for two such computations at once, measured here: two host
     # threads with one intra-op thread each (what each CPU device worker gets).
     hosts = [x.cpu() for x in xs]
