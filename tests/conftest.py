@@ -34,8 +34,40 @@ if os.environ.get("LTC_ASYNC_TEST_TIER_UP_INLINE") == "1":
     _tiers.worker.submit = _inline
 
 
+# On CUDA-backed devices (LTC_ASYNC_DEVICES=cuda:0,... on a GPU machine) an index out of range
+# found by a kernel is a device-side assert, which leaves the process's CUDA context unusable,
+# as in eager CUDA (README, "Known limitations"): every later test of the process would fail.
+# Tests that make a kernel fail on purpose carry the `kernel_assert` marker and run on
+# CPU-backed devices only; a test that poisons the context without the marker ends its
+# worker process (pytest-xdist starts a fresh one), so one such test fails, not the rest.
+ON_CUDA = any(d.strip().startswith("cuda") for d in os.environ["LTC_ASYNC_DEVICES"].split(","))
+_KERNEL_ASSERT = ("makes a kernel fail on purpose (an index out of range): on a CUDA-backed device that "
+                  "is a device-side assert, which leaves the process's CUDA context unusable, as in eager "
+                  "CUDA; it runs on CPU-backed devices")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kernel_assert: " + _KERNEL_ASSERT)
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_CUDA:
+        for item in items:
+            if item.get_closest_marker("kernel_assert"):
+                item.add_marker(pytest.mark.skip(reason=_KERNEL_ASSERT))
+
+
+def _cuda_context_lost() -> str | None:
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        if "device-side assert" in str(e) or "launch failure" in str(e):
+            return str(e).splitlines()[0]
+    return None
+
+
 @pytest.fixture(autouse=True)
-def _clean_state():
+def _clean_state(request):
     """Each test starts with no pending device errors and no leftover queued work."""
     try:
         ltc.wait_device_ops()
@@ -46,6 +78,12 @@ def _clean_state():
         ltc.wait_device_ops()
     except Exception:  # noqa: BLE001
         pass
+    if ON_CUDA and (lost := _cuda_context_lost()):
+        msg = f"{request.node.nodeid} left the CUDA context unusable ({lost}); this process ends"
+        print(msg, flush=True)
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            os._exit(3)                      # xdist replaces the worker
+        pytest.exit(msg, returncode=3)
 
 
 @pytest.fixture

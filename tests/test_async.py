@@ -53,6 +53,7 @@ def test_dependent_steps_are_ordered_without_host_wait():
     assert_eager(a, ref_a, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.kernel_assert
 def test_wait_and_read_touch_only_the_devices_they_need():
     busy = _heavy_input(2).to("ltc:1")
     slow = heavy(busy, heavy_steps(busy, 0.1))

@@ -180,6 +180,7 @@ def test_injected_failures_under_trio(salvage_off):
     assert ledger.own() == injector.injected
 
 
+@pytest.mark.kernel_assert
 def test_bad_index_fails_only_what_depends_on_it():
     """Salvage: a gather out of range beside an optimizer update fails the gather's result
     only; the model keeps training and matches eager (which raises at the gather)."""

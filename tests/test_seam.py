@@ -377,6 +377,7 @@ def test_bf16_transformer_layer_backward_matches_eager():
 
 # -- failures and threads ------------------------------------------------------------------------
 
+@pytest.mark.kernel_assert
 def test_host_copy_of_a_failed_computation_raises_and_leaves_the_host_tensor_alone():
     x = torch.randn(4)
     lx = x.to(D)

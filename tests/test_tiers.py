@@ -336,6 +336,7 @@ def test_the_graph_keeps_the_faster_tier(monkeypatch, slower):
     assert _counts()["TierUpCompile"] == 1 and _counts()["TierUpFailed"] == 0
 
 
+@pytest.mark.kernel_assert
 def test_an_index_out_of_range_on_the_top_tier_raises_and_the_tier_stays():
     """Bad input on a graph already on Inductor: the error eager gives (at the read), the graph
     stays on the top tier (the inputs were at fault, not the build), the device stays usable."""
