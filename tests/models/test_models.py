@@ -438,11 +438,13 @@ def test_low_precision_forward_and_backward_match_eager(case: Case, mode: str):
     threads = torch.get_num_threads()
     torch.set_num_threads(arena.get("ltc:0").threads)
     try:
-        if (case.name, mode) in _EAGER_CANNOT:   # still true? (else this entry must go)
-            with pytest.raises(RuntimeError, match="primitive descriptor"):
-                _low_precision_step(case, eager, batch, mode, None)
+        try:
+            want_loss, want = _low_precision_step(case, eager, batch, mode, None)
+        except RuntimeError as e:
+            # the entry must still be true with this PyTorch (another's oneDNN may have it)
+            if (case.name, mode) not in _EAGER_CANNOT or "primitive descriptor" not in str(e):
+                raise
             return
-        want_loss, want = _low_precision_step(case, eager, batch, mode, None)
     finally:
         torch.set_num_threads(threads)
     got_loss, got = _low_precision_step(case, lazy, batch, mode, "ltc:0")
