@@ -15,14 +15,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	$(BIN)/pip install -q -e ".[test]"
-	# the native PrivateUse1 hooks (ltc_async/patches/native: PyTorch's DDP with find_unused_parameters
-	# or static_graph needs them); a machine without a C++ compiler keeps everything else
 	$(BIN)/pip install -q ninja
+	touch $@
+
+# the native PrivateUse1 hooks (ltc_async/patches/native: PyTorch's DDP with find_unused_parameters
+# or static_graph needs them), built again when their source changes; a machine without a C++
+# compiler keeps everything else
+$(BIN)/.native: $(BIN)/.installed ltc_async/patches/native/pinned_hooks.cpp
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m ltc_async.patches.native \
 		|| echo "warning: ltc_async native hooks not built (see ltc_async/patches/native/__init__.py)"
 	touch $@
 
-setup: $(BIN)/.installed
+setup: $(BIN)/.native
 
 demo: setup
 	$(BIN)/python examples/train_mlp.py

@@ -4,16 +4,35 @@
 # under xdist, and bench_tiers with the eager anchors on the GPU.  The GPU image lacks a few
 # test dependencies: download their wheels into .whl/ first (trio, outcome, sniffio,
 # pytest-trio, expecttest, pyro-ppl, pyro-api) and carry .whl.
-#   bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min)
+#   bash benchmarks/gpu_check.sh --rerun FILE [DIR [CPUFILE]]   (FILE's tests again; DIR's checks)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
 mkdir -p /tmp/pkg && ln -sfn "$PWD/ltc_async" /tmp/pkg/ltc_async && ln -sfn "$PWD/devices" /tmp/pkg/ltc_async_devices
 export PYTHONPATH=/tmp/pkg:/tmp/site:$PWD
+# the native PrivateUse1 hooks (DDP's find_unused_parameters / static_graph need them), ~20 s
+python3 -m ltc_async.patches.native > /dev/null 2>&1 || echo "native hooks not built"
 el env
 { nvidia-smi -L; python3 -c "import torch,sys;print(sys.version);print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))";
   python3 -c "import transformers,triton;print('transformers',transformers.__version__,'triton',triton.__version__)"; nproc; } 2>&1 | tee $OUT/env.txt
+if [ "$1" = "--rerun" ]; then
+  # A later call of the same loan: the tests listed in $2 (node ids, one per line) again on
+  # cuda:0,cuda:0 and, beside it, on cpu,cpu with the GPU machine's PyTorch (what fails on both
+  # is that PyTorch's version, not CUDA); then each python file in $3 (checks), launches blocking.
+  el rerun
+  LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${RERUN_S:-150} python3 -m pytest -q -n 8 --max-worker-restart 100 \
+     -p no:cacheprovider --timeout 100 --tb=short -rfE $(cat "$2") > $OUT/rerun_cuda.txt 2>&1 &
+  LTC_ASYNC_DEVICES=cpu,cpu CUDA_VISIBLE_DEVICES= timeout -s INT ${RERUN_S:-150} python3 -m pytest -q -n 6 \
+     -p no:cacheprovider --timeout 100 --tb=short -rfE $(cat "${4:-$2}") > $OUT/rerun_cpu.txt 2>&1 &
+  for f in ${3:-/nonexistent}/*.py; do
+    [ -f "$f" ] && { echo "== $f"; CUDA_LAUNCH_BLOCKING=1 timeout 60 python3 "$f" 2>&1 | tail -15; }
+  done > $OUT/checks.txt 2>&1
+  wait
+  tail -3 $OUT/rerun_cuda.txt; tail -3 $OUT/rerun_cpu.txt; tail -40 $OUT/checks.txt
+  el done; exit 0
+fi
 el "smoke + example"
 timeout 90 python3 - <<'PY' 2>&1 | tee $OUT/smoke.txt
 import torch, ltc_async as ltc
@@ -22,7 +41,7 @@ x = torch.randn(64, 64, device="ltc:0"); y = (x @ x).relu().sum(0)
 ref = (x.cpu().cuda() @ x.cpu().cuda()).relu().sum(0)
 torch.testing.assert_close(y.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4); print("smoke ok")
 PY
-timeout 90 python3 examples/train_mlp.py --epochs 2 2>&1 | tail -25 | tee $OUT/example.txt
+timeout 90 python3 examples/train_mlp.py 2>&1 | tail -25 | tee $OUT/example.txt
 el "pytest"
 # tests marked kernel_assert skip on CUDA (a device-side assert ends the CUDA context); a test
 # that ends it anyway ends its worker, which xdist replaces (tests/conftest.py)

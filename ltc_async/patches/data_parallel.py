@@ -1,12 +1,19 @@
 """`torch.nn.DataParallel` over `ltc` devices, and as before over CPU modules.
 
-Once `ltc_async` is imported, `ltc` is PyTorch's current accelerator where no GPU is (as CUDA is
-where one is), and `DataParallel(module)` picks its devices from it.  Two things follow:
+Once `ltc_async` is imported, `ltc` is PyTorch's current accelerator (`torch.accelerator`,
+`torch.device(0)`, the streams PyTorch's Scatter makes), GPU or not, while `DataParallel(module)`
+picks its device type from `torch.cuda` first: CUDA where a GPU is, `ltc` where none is.  So the
+wrapper is bound by where the module is, the same with and without a GPU:
 
+* a module with `ltc` parameters or buffers (or `ltc` devices in `device_ids`) is bound to the
+  `ltc` devices (all of them by default): with a GPU present PyTorch would bind it to `cuda:0`
+  and refuse its parameters;
 * a CPU module wrapped without `device_ids` -- a no-op on a machine without GPUs, which many
-  scripts do unconditionally -- would be bound to `ltc:0` and refuse its CPU parameters; it
-  keeps running on the CPU as it did (an `ltc` module is bound to the `ltc` devices, as a CUDA
-  module to the GPUs);
+  scripts do unconditionally -- keeps running on the CPU as it did: PyTorch would bind it to
+  `ltc:0`, or where a GPU is move it to `cuda:0` and scatter its CPU batches with streams of
+  the current accelerator, `ltc` ones, which `torch._C._scatter` refuses ("Expected
+  stream_.device_type() == DeviceType::CUDA");
+* a CUDA module, or explicit integer `device_ids` with a GPU present, is left to PyTorch;
 * over `ltc` devices, PyTorch's scatter, broadcast and gather are CUDA kernels
   (`torch._C._scatter`, ...), and its threads run each replica inside CUDA stream contexts.
   Here the inputs are split and moved with `.to()` (differentiable: gradients flow back as
@@ -18,9 +25,11 @@ where one is), and `DataParallel(module)` picks its devices from it.  Two things
 from __future__ import annotations
 
 import importlib
+from itertools import chain
 from typing import Any, Sequence
 
 import torch
+from torch._utils import _get_device_index
 from torch.nn.parallel import DataParallel
 from torch.nn.parallel.scatter_gather import _is_namedtuple
 
@@ -36,6 +45,35 @@ def _ltc(dp: Any) -> bool:
 
 def _device(d: Any) -> torch.device:
     return d if isinstance(d, torch.device) else torch.device("ltc", d)
+
+
+def _is_ltc(d: Any) -> bool:
+    return isinstance(d, (str, torch.device)) and torch.device(d).type == "ltc"
+
+
+def _ltc_index(d: Any) -> int:
+    """A `device_ids` / `output_device` entry as an ltc device index (an int is one already)."""
+    if _is_ltc(d) and torch.device(d).index is None:
+        return torch.ltc.current_device()
+    return _get_device_index(d, True)
+
+
+def _init_ltc(dp: Any, module: Any, device_ids: Any, output_device: Any, dim: int) -> None:
+    """PyTorch's `DataParallel.__init__` with `ltc` as the device type, whatever
+    `_get_available_device_type()` answers (CUDA where a GPU is)."""
+    torch.nn.Module.__init__(dp)
+    torch._C._log_api_usage_once("torch.nn.parallel.DataParallel")
+    if device_ids is None:
+        device_ids = list(range(torch.ltc.device_count()))
+    if output_device is None:
+        output_device = device_ids[0]
+    dp.dim = dim
+    dp.module = module
+    dp.device_ids = [_ltc_index(x) for x in device_ids]
+    dp.output_device = _ltc_index(output_device)
+    dp.src_device_obj = torch.device("ltc", dp.device_ids[0])
+    if len(dp.device_ids) == 1:
+        dp.module.to(dp.src_device_obj)
 
 
 def _scatter(obj: Any, devices: list[torch.device], dim: int) -> list[Any]:
@@ -92,10 +130,17 @@ def patch() -> None:
     parallel_apply, gather = cls.parallel_apply, cls.gather
 
     def __init__(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0) -> None:
-        init(self, module, device_ids, output_device, dim)
-        if device_ids is None and self.device_ids and self.src_device_obj.type == "ltc" and not any(
-                t.device.type == "ltc" for t in [*module.parameters(), *module.buffers()]):
-            self.device_ids = []   # a CPU module: run it as PyTorch does without an accelerator
+        where = {t.device.type for t in chain(module.parameters(), module.buffers())}
+        if "ltc" in where or any(_is_ltc(d) for d in device_ids or ()):
+            _init_ltc(self, module, device_ids, output_device, dim)
+        elif device_ids is None and where <= {"cpu"}:
+            # a CPU module: run it as PyTorch does without an accelerator (its own branch),
+            # before PyTorch's `__init__` could move it to `ltc:0` or `cuda:0`
+            torch.nn.Module.__init__(self)
+            self.module = module
+            self.device_ids = []
+        else:
+            init(self, module, device_ids, output_device, dim)
 
     def scatter_(self: Any, inputs: tuple, kwargs: dict | None, device_ids: Sequence[Any]) -> Any:
         if not _ltc(self):

@@ -12,7 +12,7 @@ uploaded.  Here each becomes
    computed twice, in its graph and in the step's; random values are fixed at trace time, so
    both see the same);
 2. the op itself, traced with the count as a static size: `nonzero_static(x, size=n)`, an
-   `index_select` of the sorted values, `repeat_interleave(..., output_size=n)`, a
+   `index_select` of the sorted values, a `searchsorted` of `n` slots in the repeats' cumsum, a
    `scatter_add` into `n` bins -- ordinary nodes, lowered and cached like any other.
 
 Boolean indexing and `index_put` with a mask are rewritten into long indices from `nonzero`
@@ -384,9 +384,31 @@ def _ctc_loss_backward(func: Any, grad: Any, lp: Any, tg: Any, il: Any, tl: Any,
 
 
 def _repeat_interleave(func: Any, repeats: Any, output_size: Any) -> Any:
-    if output_size is None and repeats.dim() == 1 and not repeats.dtype.is_floating_point:
-        output_size = read_int(_op(aten.sum.default, repeats), func) if repeats.numel() else 0
-    return _traced(func, repeats, output_size)
+    """`repeat_interleave(repeats)`: output slot j holds the i with cumsum[i-1] <= j < cumsum[i],
+    `searchsorted(cumsum(repeats), arange(n), right=True)`, n read with the smallest repeat
+    (eager's "repeats can not be negative") or the caller's `output_size`.  Not traced as
+    `repeat_interleave(repeats, output_size=n)`: shape inference runs integer ops once on
+    zero stand-ins on the backing device (`shapes._run_like_eager`), where that call breaks the
+    kernel's contract (output_size == sum(repeats), Repeat.cu `compute_cuda_kernel`'s
+    CUDA_KERNEL_ASSERT): a RuntimeError on the CPU, dropped there, but a device-side assert on
+    CUDA, which leaves the CUDA context unusable."""
+    if repeats.dim() != 1 or repeats.dtype not in (torch.int32, torch.int64):
+        return _traced(func, repeats, output_size)   # eager's errors
+    if output_size is not None and repeats._ctx.backend_device.type == "cpu":
+        # the caller's size, checked by the kernel when the graph runs as in eager (a wrong one
+        # fails at the next barrier); the stand-ins' error is a RuntimeError on the CPU, dropped
+        return _traced(func, repeats, output_size)
+    if repeats.numel() == 0:   # eager: an empty result, whatever output_size says
+        return _op(aten.zeros.default, [0], dtype=repeats.dtype, device=repeats.device)
+    if output_size is None:
+        total, low = _read([_op(aten.sum.default, repeats), _op(aten.min.default, repeats)], func)
+        if int(low.item()) < 0:
+            raise RuntimeError("repeats can not be negative")
+        output_size = int(total.item())
+    bounds = _op(aten.cumsum.default, repeats, 0)   # int64
+    slots = _op(aten.arange.default, output_size, dtype=torch.long, device=repeats.device)
+    return _op(aten.searchsorted.Tensor, bounds, slots, out_int32=repeats.dtype == torch.int32,
+               right=True)
 
 
 register_handlers({

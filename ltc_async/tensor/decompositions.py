@@ -45,7 +45,7 @@ from ..ir.schema import TENSOR_LIST, aten_schemas, op_info, type_name
 from . import shapes
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor
-from .trace import trace
+from .trace import check_host_arguments, trace
 from .writeback import write
 
 aten = torch.ops.aten
@@ -453,6 +453,22 @@ def _cast(x: LtcTensor, dtype: torch.dtype) -> LtcTensor:
     return trace(aten._to_copy.default, info, info.bind((x,), {"dtype": dtype}))
 
 
+def _put(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`torch.put(self, index, source)`, traced as itself after eager CUDA's device check.
+    `put` has only a composite kernel (`self.clone().put_(index, source)`), so it takes CPU
+    0-dim tensors by the declarations (`device_checks.py`), but the `put_` it runs checks that
+    all three are on one device: a CPU 0-dim `self` (or `index`, `source`) among CUDA tensors is
+    refused there.  Taken as a wrapped scalar instead, a 1-element `self` reached the device's
+    kernel with the sample's indices: on CUDA a device-side assert (`put_kernel`'s
+    `CUDA_KERNEL_ASSERT(idx >= -numel && idx < numel)`, IndexKernel.cu) that kills the context,
+    where eager CUDA raises the device error first."""
+    info = op_info(func)
+    full = info.bind(args, kwargs)
+    check_host_arguments(op_info(aten.put_.default), full)   # put_'s device rules
+    counters.counter(info.counter)
+    return trace(func, info, full)
+
+
 #: decompositions of ops that may not exist when this module loads, by qualified name
 BY_NAME: dict[str, Callable[[Any, tuple, dict], Any]] = {"prims::fma": _fma}
 
@@ -464,5 +480,6 @@ DECOMPOSITIONS: dict[Any, Callable[[Any, tuple, dict], Any]] = {
     aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
     aten.linalg_pinv.atol_rtol_tensor: _pinv,
     aten.histc.default: _histc,
+    aten.put.default: _put,
 }
 register_handlers(DECOMPOSITIONS, BY_NAME)

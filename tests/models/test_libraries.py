@@ -14,6 +14,8 @@ import warnings
 import pytest
 import torch
 
+from conftest import against_cpu
+
 import ltc_async as ltc
 
 DEV = "ltc:0"
@@ -48,7 +50,7 @@ def train_like_eager(model: torch.nn.Module, make_opt, loss_of, steps: int = 3) 
     eager = train("cpu")
     ltc.metrics.reset()
     lazy = train(DEV)
-    torch.testing.assert_close(lazy, eager, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lazy, eager, **against_cpu(1e-4, 1e-5))
 
 
 # -- torchdiffeq -----------------------------------------------------------------------------------

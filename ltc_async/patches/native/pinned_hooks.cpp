@@ -13,8 +13,18 @@
 // (`tensor/host.py`, `seed_from`), so seeding it reproduces the op's values.  PyTorch takes one
 // hooks object per process, so `ltc_async/patches/native/__init__.py` installs these before the Python
 // ones when this file has been built (`python -m ltc_async.native`, run by `make setup`).
+//
+// Where CUDA is present, the two halves of "pinned" come from different hooks: PyTorch allocates
+// `pin_memory=true` host tensors with CUDA's pinned allocator (`GetCPUAllocatorMaybePinned`
+// prefers CUDA whenever `hasCUDA()`), while `is_pinned()` asks the current accelerator's hooks --
+// PrivateUse1's, ours, as soon as a PrivateUse1 backend is registered -- and answers false
+// without asking them unless PrivateUse1 was initialized (`Context::lazyInitDevice`), which only
+// the PrivateUse1 allocation branch does.  DDP's reducer asserts `is_pinned()` right after such
+// an allocation ("local_used_map_tmp.is_pinned() INTERNAL ASSERT FAILED").  So `install`
+// initializes PrivateUse1 and `isPinnedPtr` also answers for CUDA's pinned blocks.
 #include <torch/extension.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
 #include <mutex>
@@ -77,9 +87,17 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void init() const override {}
   bool isPinnedPtr(const void* data) const override {
-    std::lock_guard<std::mutex> g(mu);
-    return live.count(data) > 0;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (live.count(data) > 0) return true;
+    }
+    // CUDA's pinned blocks (what `pin_memory=true` allocates where CUDA is present); the Context
+    // asks CUDA's hooks only once CUDA is initialized, which its pinned allocator needs anyway,
+    // so a CPU tensor's `is_pinned()` never starts a CUDA context
+    return at::globalContext().hasCUDA() &&
+        at::globalContext().isPinnedPtr(data, c10::DeviceType::CUDA);
   }
   at::Allocator* getPinnedMemoryAllocator() const override { return &allocator; }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
@@ -88,7 +106,11 @@ struct Hooks final : at::PrivateUse1HooksInterface {
 };
 }  // namespace
 
-void install() { at::RegisterPrivateUse1HooksInterface(new Hooks()); }
+void install() {
+  at::RegisterPrivateUse1HooksInterface(new Hooks());
+  // `is_pinned()` consults PrivateUse1's hooks only once PrivateUse1 is initialized (see above)
+  at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "register these hooks (before any other)");
