@@ -102,14 +102,6 @@ def eager_device(dev: str = "ltc:0") -> torch.device:
     return ltc.backend_device(dev)
 
 
-def against_cpu(rtol: float, atol: float) -> dict:
-    """Tolerances for ltc:0 trained against eager *CPU* (eager CUDA's backward cannot run in a
-    process that imported ltc_async: README, Known limitations).  On a CUDA-backed device the
-    kernels differ from the CPU's in the last bits (other convolution algorithms, atomics in
-    scatter-adds; TF32 is off for the suite, below), and training steps grow that."""
-    return {"rtol": max(rtol, 2e-3), "atol": max(atol, 2e-3)} if ON_CUDA else {"rtol": rtol, "atol": atol}
-
-
 def backing_ref(fn, *args):
     """`fn(*args)` computed eagerly on ltc:0's backing device, as CPU tensors: the reference for
     long chains where CPU and CUDA kernels' last-bit differences grow (sin/cos iterated 500 times)."""

@@ -9,14 +9,18 @@ data-dependent op (`ltc.metrics.host_round_trips()`).
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import pytest
 import torch
 
-from conftest import against_cpu
-
 import ltc_async as ltc
+
+# against eager CPU; wider where ltc:0 is backed by a GPU (CUDA's kernels round differently,
+# training grows it: test_models.against_cpu)
+_TOLERANCE = dict(rtol=2e-3, atol=2e-3) if "cuda" in os.environ.get("LTC_ASYNC_DEVICES", "") \
+    else dict(rtol=1e-4, atol=1e-5)
 
 DEV = "ltc:0"
 
@@ -50,7 +54,7 @@ def train_like_eager(model: torch.nn.Module, make_opt, loss_of, steps: int = 3) 
     eager = train("cpu")
     ltc.metrics.reset()
     lazy = train(DEV)
-    torch.testing.assert_close(lazy, eager, **against_cpu(1e-4, 1e-5))
+    torch.testing.assert_close(lazy, eager, **_TOLERANCE)
 
 
 # -- torchdiffeq -----------------------------------------------------------------------------------
