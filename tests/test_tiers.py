@@ -304,6 +304,40 @@ def test_a_failing_build_leaves_the_graph_on_the_quick_tier(monkeypatch):
     assert _counts() == {"TierUpCompile": 0, "TierUpFailed": 1, "TierUpRun": 0}
 
 
+def test_a_build_hands_the_gil_back_often_and_restores_the_users_switch_interval(monkeypatch):
+    """While a graph is built on the tier-up thread, Python switches threads often (the user's
+    thread, which gives the GIL up at every dispatched op, otherwise waited one switch interval
+    per op: seconds per training step); afterwards the user's own interval is back, after a
+    build that succeeds and after one that fails."""
+    import sys
+    from ltc_async.executor import arena
+    backend = arena.backend()
+    during = []
+    real = backend.compile_tier
+
+    def watched(*args, **kw):
+        during.append(sys.getswitchinterval())
+        if len(during) == 2:
+            raise RuntimeError("injected: the second build fails")
+        return real(*args, **kw)
+    monkeypatch.setattr(backend, "compile_tier", watched)
+    users = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        x = torch.randn(8, 8, generator=torch.Generator().manual_seed(5))
+        lazy = x.to(DEV)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for program in (lambda t: t.sin() * 0.5 + t, lambda t: t.cos() * 0.25 - t):
+                for _ in range(5):
+                    torch.testing.assert_close(program(lazy).cpu(), program(x))
+                ltc.debug.wait_compiles(600)
+                assert abs(sys.getswitchinterval() - 0.004) < 1e-6
+        assert len(during) == 2 and all(v < 0.001 for v in during), during
+    finally:
+        sys.setswitchinterval(users)
+
+
 @pytest.mark.parametrize("slower", ["top", "quick"])
 def test_the_graph_keeps_the_faster_tier(monkeypatch, slower):
     """After a build, the two tiers are timed against each other on the next executions and the

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import sys
 import threading
 import time
 import warnings
@@ -199,6 +200,7 @@ class Tiered(Computation):
             return
         t0 = time.perf_counter()
         _building = threading.get_ident()
+        switch = _switch_often()
         try:
             top = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout)
         except _Cancelled:
@@ -210,6 +212,7 @@ class Tiered(Computation):
             return
         finally:
             _building = None
+            _switch_back(switch)
             counters.add_sample("TierUpTime", time.perf_counter() - t0)
         self._interp = None     # structure no longer needed
         counters.counter("TierUpCompile")
@@ -227,6 +230,30 @@ class Tiered(Computation):
         warnings.warn(f"ltc_async: the {self._tier} tier could not take the graph scheduled at "
                       f"{self._label} ({type(e).__name__}: {str(e)[:300]}); it stays on the quick "
                       "tier", RuntimeWarning, stacklevel=1)
+
+
+# While a build runs, Python switches threads every 0.2 ms instead of every 5 ms.  The build is
+# CPU-bound Python (make_fx, Inductor's passes); the user's thread gives the GIL up at every C++
+# call (the autograd engine, each dispatched op) and then waits for the build's thread to hand
+# it back: up to one switch interval per op, thousands per training step.  With 5 ms, GPT-2's
+# steps took up to 4.6 s while its step's program was built (`benchmarks/tier_timeline.py`);
+# with 0.2 ms at most 0.9 s, and the build finished sooner.  The user's own setting is restored
+# afterwards (unless they changed it meanwhile).
+_BUILD_SWITCH_INTERVAL = 0.0002
+
+
+def _switch_often() -> float | None:
+    before = sys.getswitchinterval()
+    if before <= _BUILD_SWITCH_INTERVAL:
+        return None
+    sys.setswitchinterval(_BUILD_SWITCH_INTERVAL)
+    return before
+
+
+def _switch_back(before: float | None) -> None:
+    # `getswitchinterval` reports the value rounded to microseconds
+    if before is not None and abs(sys.getswitchinterval() - _BUILD_SWITCH_INTERVAL) < 1e-6:
+        sys.setswitchinterval(before)
 
 
 _MARGIN = 0.05   # a top tier this much slower than the quick one in the trial is still kept
