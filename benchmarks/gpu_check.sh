@@ -22,6 +22,7 @@ if [ "$1" = "--rerun" ]; then
   # cuda:0,cuda:0 and, beside it, on cpu,cpu with the GPU machine's PyTorch (what fails on both
   # is that PyTorch's version, not CUDA); then each python file in $3 (checks), launches blocking.
   el rerun
+  for c in mobilenet_v2 resnet; do timeout 120 python3 -m benchmarks.cuda_vs_eager --all --case $c; done 2>&1 | tee $OUT/cuda_vs_eager.txt
   LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${RERUN_S:-150} python3 -m pytest -q -n 8 --max-worker-restart 100 \
      -p no:cacheprovider --timeout 100 --tb=short -rfE $(cat "$2") > $OUT/rerun_cuda.txt 2>&1 &
   LTC_ASYNC_DEVICES=cpu,cpu CUDA_VISIBLE_DEVICES= timeout -s INT ${RERUN_S:-150} python3 -m pytest -q -n 6 \
@@ -42,11 +43,13 @@ ref = (x.cpu().cuda() @ x.cpu().cuda()).relu().sum(0)
 torch.testing.assert_close(y.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4); print("smoke ok")
 PY
 timeout 90 python3 examples/train_mlp.py 2>&1 | tail -25 | tee $OUT/example.txt
+el "ltc:0 = cuda:0 against eager CUDA (training, separate processes)"
+for c in mobilenet_v2 resnet; do timeout 120 python3 -m benchmarks.cuda_vs_eager --all --case $c; done 2>&1 | tee $OUT/cuda_vs_eager.txt
 el "pytest"
 # tests marked kernel_assert skip on CUDA (a device-side assert ends the CUDA context); a test
 # that ends it anyway ends its worker, which xdist replaces (tests/conftest.py)
 LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT 300 python3 -m pytest -q -n 12 --max-worker-restart 200 \
-   -p no:cacheprovider --timeout 120 --tb=short -rfE --junitxml=$OUT/junit.xml tests > $OUT/pytest.txt 2>&1
+   -p no:cacheprovider --timeout 300 --tb=short -rfE --junitxml=$OUT/junit.xml tests > $OUT/pytest.txt 2>&1
 tail -8 $OUT/pytest.txt
 el "bench"
 BENCH_EAGER_DEVICE=cuda timeout -s INT 150 python3 -m benchmarks.bench_tiers --only gpt2 \
