@@ -232,14 +232,14 @@ class Tiered(Computation):
                       "tier", RuntimeWarning, stacklevel=1)
 
 
-# While a build runs, Python switches threads every 0.2 ms instead of every 5 ms.  The build is
+# While a build runs, Python switches threads every 0.05 ms instead of every 5 ms.  The build is
 # CPU-bound Python (make_fx, Inductor's passes); the user's thread gives the GIL up at every C++
 # call (the autograd engine, each dispatched op) and then waits for the build's thread to hand
 # it back: up to one switch interval per op, thousands per training step.  With 5 ms, GPT-2's
 # steps took up to 4.6 s while its step's program was built (`benchmarks/tier_timeline.py`);
-# with 0.2 ms at most 0.9 s, and the build finished sooner.  The user's own setting is restored
-# afterwards (unless they changed it meanwhile).
-_BUILD_SWITCH_INTERVAL = 0.0002
+# with 0.2 ms up to 1.2 s, with 0.05 ms up to 0.44 s, the build taking as long.  The user's own
+# setting is restored afterwards (unless they changed it meanwhile).
+_BUILD_SWITCH_INTERVAL = 0.00005
 
 
 def _switch_often() -> float | None:
