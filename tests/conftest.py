@@ -121,8 +121,9 @@ def assert_same_outcome(make, dev: str = "ltc:0", values: bool = True):
             make(dev)
         assert str(lazy.value).splitlines()[0] == str(e).splitlines()[0]
         return e
-    got = make(dev)
-    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+    got, want = torch.utils._pytree.tree_leaves(make(dev)), torch.utils._pytree.tree_leaves(expected)
+    assert len(got) == len(want), (len(got), len(want))
+    for g, w in zip(got, want):
         assert (g.dtype, g.shape) == (w.dtype, w.shape)
         if values:
             torch.testing.assert_close(g.cpu(), w.cpu())
