@@ -188,10 +188,6 @@ class _LiftingInterpreter(Interpreter):
         op, template, operands, n_scalars, out_spec = step
         scalars = [next(it) for _ in range(n_scalars)]
         if not isinstance(op, torch._ops.OpOverload) or not any(isinstance(v, _Lift) for v in scalars):
-            if op in _ALPHA:
-                vals = [env[k][i] for k, i in operands]
-                pos_args, kw_args = self._split(op, [self._arg(e, vals, scalars) for e in template])
-                return self.flatten(_without_alpha(op, pos_args, kw_args), out_spec)
             return super()._run_step(step, env, iter(scalars))
         vals = [env[k][i] for k, i in operands]
         # a lifted float is a 0-dim float64 tensor, which outranks 0-dim float32 tensors in type
@@ -223,8 +219,11 @@ class _LiftingInterpreter(Interpreter):
                 op = _SCALAR_TO_TENSOR[op]
             pos_args = [a.tensor if isinstance(a, _Lift) else a for a in pos_args]
             kw_args = {k: (a.tensor if isinstance(a, _Lift) else a) for k, a in kw_args.items()}
-            out = _without_alpha(op, pos_args, kw_args)
+            out = self._call(op, pos_args, kw_args)
         return self.flatten(out, out_spec)
+
+    def _call(self, op: Any, args: Any, kwargs: dict) -> Any:
+        return _without_alpha(op, args, kwargs)
 
     @staticmethod
     def _split(op: Any, args: list) -> tuple[list, dict]:

@@ -117,7 +117,11 @@ class Interpreter:
             return op.run(vals, scalars, self.device)
         args = [self._arg(e, vals, scalars) for e in template]
         pos_args, kw_args = op_info(op).split(args)
-        return self.flatten(op(*pos_args, **kw_args), out_spec)
+        return self.flatten(self._call(op, pos_args, kw_args), out_spec)
+
+    def _call(self, op: Any, args: Any, kwargs: dict) -> Any:
+        """The aten op on its arguments (a backend's interpreter may rewrite the call)."""
+        return op(*args, **kwargs)
 
     @staticmethod
     def flatten(out: Any, out_spec: tuple) -> list[Any]:

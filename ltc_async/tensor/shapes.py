@@ -134,7 +134,7 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
             raise
         out, by_eager = _as_meta(eager), True
     if by_eager:
-        pass
+        pass   # eager's own metas: nothing to check them against
     elif not info.seeded:
         eager = _run_like_eager(func, info, full, out)
         if eager is not None:
