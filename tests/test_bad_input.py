@@ -187,6 +187,8 @@ _EAGER_WORDS = {
     "max_of_empty": lambda d: torch.zeros(0, device=d).max(),
     "argmax_of_empty": lambda d: torch.zeros(0, 3, device=d).argmax(),
     "linear": lambda d: torch.nn.functional.linear(torch.ones(2, 3, device=d), torch.ones(4, 5, device=d)),
+    # a view of a non-viewable slice (found by the fuzzer): eager's view_copy kernel takes it
+    "view_of_a_slice": lambda d: torch.ones(2, 3, device=d, requires_grad=True)[..., 1:].view(-1),
     # a mask of the wrong shape selected (or wrote) the leading rows silently
     "short_mask": lambda d: torch.ones(4, 5, device=d)[torch.tensor([True, False], device=d)],
     "mask_on_dim_1": lambda d: torch.ones(4, 5, device=d)[:, torch.tensor([True, False, True], device=d)],

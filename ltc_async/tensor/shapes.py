@@ -129,8 +129,10 @@ def infer(func: Any, info: OpInfo, full: list) -> Any:
         # eager's words for the same mistake, if it agrees; if the backing device's kernel takes
         # the call, its result stands: a meta kernel may hold a rule of another device's kernels
         # (`_grouped_mm` demands bf16, as CUDA's does; the CPU's computes float32)
+        # (not for the copies functionalization makes of view ops: eager's `view_copy` takes
+        # geometries the view it stands for refuses, `x[..., 1:].view(-1)`)
         eager = _raise_eagers_error(func, info, full)
-        if eager is None:
+        if eager is None or info.view_op is not None:
             raise
         out, by_eager = _as_meta(eager), True
     if by_eager:
