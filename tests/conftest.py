@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import ltc_async as ltc
+from ltc_async.executor import arena
 
 if os.environ.get("LTC_ASYNC_TEST_TIER_UP_INLINE") == "1":
     # `make test` runs the model tests again with tiering on (LTC_ASYNC_TIERS=ts,inductor, a
@@ -71,11 +72,15 @@ def _cuda_context_lost() -> str | None:
 
 @pytest.fixture(autouse=True)
 def _clean_state(request):
-    """Each test starts with no pending device errors and no leftover queued work."""
+    """Each test starts with no pending device errors and no leftover queued work, and as a
+    program of its own: whether a backward starts by cutting the forward follows the test's own
+    host reads, not the previous test's (`graph_executor.before_backward`)."""
     try:
         ltc.wait_device_ops()
     except Exception:  # noqa: BLE001 - a previous test's deliberate failure
         pass
+    for ctx in arena.started():
+        ctx.read_since_backward, ctx.backward_seq = False, None
     yield
     try:
         ltc.wait_device_ops()

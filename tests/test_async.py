@@ -355,3 +355,96 @@ def test_gc_threshold_is_only_ever_raised():
         assert gc.get_threshold() == (20000, saved[1], saved[2])
     finally:
         gc.set_threshold(*saved)
+
+
+def _mlp_pair(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(seed)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    import copy
+    return ref, copy.deepcopy(ref).to("ltc:0")
+
+
+def test_a_loop_reading_the_loss_every_step_runs_the_forward_while_the_backward_is_traced(metrics):
+    """The everyday loop `loss.backward(); opt.step(); print(loss.item())`: the host waits for
+    every step, so the forward is queued when the backward begins (it runs while the backward
+    and the optimizer step are traced); the losses and weights are eager's."""
+    ref, model = _mlp_pair()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)) for _ in range(5)]
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cut_at_backward = []
+    for step, (x, y) in enumerate(batches):
+        loss_ref = torch.nn.functional.mse_loss(ref(x), y)
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        out = model(x.to("ltc:0"))
+        loss = torch.nn.functional.mse_loss(out, y.to("ltc:0"))
+        graphs = metrics.counter_value("SyncTensorsGraphCount") or 0
+        seen = []    # graphs cut by the time the backward reaches the output's gradient
+        out.register_hook(lambda grad: seen.append(metrics.counter_value("SyncTensorsGraphCount") or 0))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ltc.mark_step()
+        cut_at_backward.append(seen[0] - graphs)
+        assert loss.item() == pytest.approx(loss_ref.item(), rel=1e-5, abs=1e-6)
+    # no read before the first backward: that step is one graph; from then on the program
+    # reads every step, and each backward starts by queuing its forward
+    assert cut_at_backward == [0, 1, 1, 1, 1]
+    for p_ref, p in zip(ref.parameters(), model.parameters()):
+        assert_eager(p, p_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_loop_that_does_not_read_keeps_one_graph_per_step(metrics):
+    """Steps that never wait for the host already overlap each other: a second graph per step
+    would only add overhead.  After one read, only the next backward cuts early."""
+    _, model = _mlp_pair(2)
+    x, y = torch.randn(8, 16).to("ltc:0"), torch.randn(8, 4).to("ltc:0")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ltc.mark_step()
+        return loss
+    step()
+    float(step())                 # a read: the next backward cuts first
+    per_step = []
+    for _ in range(4):
+        before = metrics.counter_value("SyncTensorsGraphCount")
+        step()
+        per_step.append(metrics.counter_value("SyncTensorsGraphCount") - before)
+    assert per_step == [2, 1, 1, 1]
+    compiles = metrics.counter_value("UncachedCompile")
+    for _ in range(3):            # steady state, with a read every other step: graphs cached
+        step()
+        float(step())
+    step()
+    assert metrics.counter_value("UncachedCompile") == compiles
+
+
+def test_the_backward_cut_never_waits_for_a_busy_device():
+    """When the device's in-flight queue is full the backward does not cut (the device has work
+    anyway) and never waits for it: a backward in a trio task must not block the loop."""
+    x = _heavy_input(4).to("ltc:0")
+    n = heavy_steps(x, 0.1)
+    w = torch.randn(64, requires_grad=True)
+    lw = w.detach().to("ltc:0").requires_grad_()
+    float((lw * 2).sum())         # a read: the next backward would cut
+    ctx = arena.get("ltc:0")
+    busy = []
+    for _ in range(ctx.max_inflight):
+        busy.append(heavy(x, n))
+        ltc.mark_step()           # fills the queue (each execution takes >= 0.1 s)
+    t0 = time.perf_counter()
+    loss = (lw * 3).sum()
+    loss.backward()
+    t_backward = time.perf_counter() - t0
+    ltc.wait_device_ops()
+    t_total = time.perf_counter() - t0
+    assert t_backward < 0.25 * t_total, (t_backward, t_total)
+    assert_eager(lw.grad, torch.full((64,), 3.0))

@@ -455,7 +455,8 @@ def test_timeline_records_every_kind_of_span_and_writes_a_chrome_trace(tmp_path)
     assert {e["device"] for e in tl.events} == {"ltc:0", "ltc:1"}     # keys work like attributes
     ex0 = sorted((e for e in tl.events if e.name == "execute" and e.device == "ltc:0"),
                  key=lambda e: e.start_us)
-    assert [e.step for e in ex0][:4] == [0, 1, 2, 3]
+    steps = [e.step for e in ex0]     # a step after a read runs its forward as a graph of its own
+    assert steps == sorted(steps) and set(steps) >= {0, 1, 2, 3}, steps
     for a, b in itertools.pairwise(ex0):                 # one FIFO worker: never overlapping
         assert a.end_us <= b.start_us + 1
     queued = {e.args["seq"]: e for e in tl.events if e.lane == "queue" and e.device == "ltc:0"}

@@ -39,8 +39,10 @@ def test_mlp_training_parity_20_steps(metrics):
         assert pl.device == torch.device("ltc", 0)
         torch.testing.assert_close(pl.cpu(), pe.detach(), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(pl.grad.cpu(), pe.grad, rtol=1e-4, atol=1e-5)
-    # Step 1 creates the momentum buffers, step 2 onwards is one graph: two compiles in all.
-    assert metrics.counter_value("UncachedCompile") == 2
+    # Step 1 creates the momentum buffers; from step 2 on, the loop having read its loss, each
+    # backward starts by queuing the forward: the forward and the backward with the update are
+    # two graphs, compiled once (`graph_executor.before_backward`).  Three compiles in all.
+    assert metrics.counter_value("UncachedCompile") == 3
     assert metrics.counter_value("CachedCompile") >= 18
     assert metrics.counter_value("EagerFallback") == 0
 
@@ -138,7 +140,9 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
         torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
     for p, q in zip(lazy.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
-    assert metrics.counter_value("UncachedCompile") == 1     # one program compiled ...
-    assert metrics.counter_value("GenericProgramHit") == 1   # ... and reused for batch 5
+    # the loop reads its loss every step: the first step is one graph, later ones a forward and
+    # a backward with the update (`graph_executor.before_backward`), each compiled once ...
+    assert metrics.counter_value("UncachedCompile") == 3
+    assert metrics.counter_value("GenericProgramHit") == 2   # ... and reused for batch 5
     assert not metrics.counter_value("CompileReuse")         # (not even lowered again)
-    assert list(metrics.compiles_by_shape().values()) == [1]
+    assert list(metrics.compiles_by_shape().values()) == [1, 1, 1]

@@ -59,6 +59,10 @@ class Config:
     #: timed executions per tier once a top-tier program is ready; the graph keeps the faster
     #: tier (`LTC_ASYNC_TIER_TRIAL`; 0: keep the top tier untimed)
     tier_trial: int = field(default_factory=lambda: max(0, _env_int("LTC_ASYNC_TIER_TRIAL", 3)))
+    #: a backward pass starts by cutting its device's pending forward when the program reads
+    #: a result on the host every step (`graph_executor.before_backward`); 0: one graph per
+    #: step, as LTC cuts (`LTC_ASYNC_CUT_AT_BACKWARD`)
+    cut_at_backward: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_CUT_AT_BACKWARD", 1) != 0)
     #: schema names ("aten::sub.Tensor") of ops forced onto the eager fallback
     #: (`ltc.debug.force_fallback`; no environment variable)
     force_fallback: frozenset = field(default_factory=frozenset)

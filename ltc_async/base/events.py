@@ -101,6 +101,9 @@ looked_up = Event("looked_up", "a graph key was looked up in the computation cac
                   "plan, label, hit); compiler thread")
 execution_job = Event("execution_job", "wrap: an execution's closure before it goes to the "
                       "device worker; args (fn, execution); user thread, device lock held")
+values_cut = Event("values_cut", "a graph was cut: each pending value roots[i] (a (node, output) "
+                   "pair) is now output 0 of data_nodes[i]; args (roots, data_nodes); user thread, "
+                   "device lock held; handlers take only leaf locks")
 read_begins = Event("read_begins", "a host read starts waiting; no args; user thread, no lock")
 read_ends = Event("read_ends", "a host read has its data; args (tensors); user thread, no lock")
 host_read = Event("host_read", "an op reads device data to the host (a Python value, an output "

@@ -84,6 +84,12 @@ class DeviceContext:
         self._errors: list[ExecutionError] = []
         self._dropped = 0
         self._error_lock = threading.Lock()
+        # `graph_executor.before_backward`: the seq of the newest execution queued when the
+        # last backward pass over this device's tensors began (None before the first), and
+        # whether a host read has since read a value computed after it.  Plain attributes: a
+        # racing read and backward only move one cut, never change a value
+        self.backward_seq: int | None = None
+        self.read_since_backward = False
 
     def __repr__(self) -> str:
         return f"ltc:{self.index}"

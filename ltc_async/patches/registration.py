@@ -394,6 +394,8 @@ def _patch_autograd_engine() -> None:
     def _engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
         for t in t_outputs:
             if isinstance(t, torch.Tensor) and t.device.type == "ltc":
+                # a program that reads every step: its forward runs while the backward is traced
+                gx.before_backward(_devices_of(t_outputs))
                 with autograd.set_multithreading_enabled(False):
                     return _raising_deferred(original, t_outputs, *args, **kwargs)
         try:
@@ -403,6 +405,19 @@ def _patch_autograd_engine() -> None:
                 raise RuntimeError(_CUDA_BACKWARD_REFUSED) from e
             raise
     autograd._engine_run_backward = _engine_run_backward
+
+
+def _devices_of(tensors: Any) -> list:
+    """The lazy devices of the ltc tensors among `tensors` (functorch's wrappers and fake
+    tensors on an ltc device have none)."""
+    found: dict = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type == "ltc":
+            try:
+                found[unwrap(t)._ctx] = None
+            except TypeError:
+                pass
+    return list(found)
 
 
 # PyTorch's autograd engine asks `at::getAccelerator()` for the device type whose streams it

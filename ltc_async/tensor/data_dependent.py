@@ -131,6 +131,22 @@ def _remember(t: LtcTensor, what: str, value: Any, token: Any) -> None:
             _by_provenance[token[0]] = (value, tuple(weakref.ref(d) for d in token[1]))
 
 
+@events.values_cut.subscribe
+def _keep_known(roots: list, data_nodes: list) -> None:
+    """A value read before a cut is the same value after it: a mask's count read in the forward
+    serves the backward's index ops also when the backward starts by cutting the forward
+    (`graph_executor.before_backward`)."""
+    if not _known:
+        return
+    with _known_lock:
+        for (node, out), data in zip(roots, data_nodes):
+            known = _known.get(node)
+            if known is not None:
+                mine = {(0, what): v for (o, what), v in known.items() if o == out}
+                if mine:
+                    _known.setdefault(data, {}).update(mine)
+
+
 def _op(func: Any, *args: Any, **kwargs: Any) -> Any:
     return dispatch(func, args, kwargs or None)
 

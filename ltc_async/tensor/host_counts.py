@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..base import events
 from ..ir.interpreter import Interpreter
 from ..ir.node import RNG, Node, Tag
 
@@ -123,6 +124,19 @@ def frontier(mask: Any) -> list[tuple[Node, int]]:
             return []
         found.append(v)
     return found
+
+
+@events.values_cut.subscribe
+def _keep_values(roots: list, data_nodes: list) -> None:
+    """Values read before a cut stay known after it, under the device data that now names them
+    (the backward's cut of the forward, `graph_executor.before_backward`)."""
+    if not _values:
+        return
+    with _lock:
+        for (node, idx), data in zip(roots, data_nodes):
+            h = _values.get(node, {}).get(idx)
+            if h is not None:
+                _values.setdefault(data, {})[0] = h
 
 
 def remember(values: list[tuple[Node, int]], hosts: list[torch.Tensor]) -> None:
