@@ -16,7 +16,9 @@ start; `ltc.debug.wait_compiles`), then steady ms/step with the loss read every 
 Engines: `eager`; `inductor` (`torch.compile(model)`, optimizer uncompiled); `ltc` (lazy tracing,
 TorchScript only: `LTC_ASYNC_TIERS=ts`); `ltc-tiered` (lazy tracing, TorchScript then Inductor
 in the background); `ltc+compile` / `ltc+compile-tiered` (`torch.compile(model, backend="ltc")`
-and the optimizer step compiled the same way, without / with tiers).
+and the optimizer step compiled the same way, without / with tiers); `ltc-1graph` /
+`ltc+compile-1graph` (`LTC_ASYNC_CUT_AT_BACKWARD=0`: one graph per step also when the loss is
+read every step, as before the backward's own cut).
 """
 from __future__ import annotations
 
@@ -31,10 +33,13 @@ import time
 
 T_START = time.perf_counter()
 
-ENGINES = {   # name -> (bench_compile engine, LTC_ASYNC_TIERS)
+ENGINES = {   # name -> (bench_compile engine, LTC_ASYNC_TIERS[, other environment])
     "eager": ("eager", "ts"), "inductor": ("inductor", "ts"), "ltc": ("ltc", "ts"),
     "ltc-tiered": ("ltc", "ts,inductor"), "ltc+compile": ("ltc+compile", "ts"),
     "ltc+compile-tiered": ("ltc+compile", "ts,inductor"),
+    # one graph per step even when the loss is read every step (no cut at the backward)
+    "ltc-1graph": ("ltc", "ts", {"LTC_ASYNC_CUT_AT_BACKWARD": "0"}),
+    "ltc+compile-1graph": ("ltc+compile", "ts", {"LTC_ASYNC_CUT_AT_BACKWARD": "0"}),
 }
 
 
@@ -44,7 +49,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from benchmarks import bench_compile as bc
-    engine, _tiers = ENGINES[args.engine]
+    engine = ENGINES[args.engine][0]
     # eager and Inductor run without ltc_async: in a process that imports it, PyTorch cannot
     # run an eager CUDA backward (pytorch/pytorch#161129)
     ltc = __import__("ltc_async") if engine.startswith("ltc") else None
@@ -104,8 +109,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(engine: str, case: str, cache: str, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, LTC_ASYNC_TIERS=ENGINES[engine][1], TORCHINDUCTOR_CACHE_DIR=cache,
-               LTC_ASYNC_CPU_THREADS=str(args.threads))
+    _, tiers, *extra = ENGINES[engine]
+    env = dict(os.environ, LTC_ASYNC_TIERS=tiers, TORCHINDUCTOR_CACHE_DIR=cache,
+               LTC_ASYNC_CPU_THREADS=str(args.threads), **(extra[0] if extra else {}))
     cmd = [sys.executable, "-m", "benchmarks.bench_tiers", "--child", "--engine", engine, "--case", case,
            "--steps", str(args.steps), "--rounds", str(args.rounds), "--batch", str(args.batch),
            "--seq", str(args.seq), "--warmup", str(args.warmup), "--threads", str(args.threads)]

@@ -2,6 +2,7 @@
 thread safety, bounded memory, shutdown."""
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import subprocess
@@ -360,7 +361,6 @@ def test_gc_threshold_is_only_ever_raised():
 def _mlp_pair(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(seed)
     ref = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
-    import copy
     return ref, copy.deepcopy(ref).to("ltc:0")
 
 

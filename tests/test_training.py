@@ -126,7 +126,9 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     loss_fn = torch.nn.functional.cross_entropy
+    compiled = []
     for batch in (16, 16, 5, 5, 16):
+        compiled.append(metrics.counter_value("UncachedCompile") or 0)
         x, y = torch.randn(batch, 8), torch.randint(0, 4, (batch,))
         opt.zero_grad()
         loss = loss_fn(lazy(x.to("ltc:0")), y.to("ltc:0"))
@@ -141,8 +143,10 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     for p, q in zip(lazy.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
     # the loop reads its loss every step: the first step is one graph, later ones a forward and
-    # a backward with the update (`graph_executor.before_backward`), each compiled once ...
-    assert metrics.counter_value("UncachedCompile") == 3
-    assert metrics.counter_value("GenericProgramHit") == 2   # ... and reused for batch 5
+    # a backward with the update (`graph_executor.before_backward`); the batches of 5 compile
+    # nothing: both their graphs reuse the programs compiled for 16 ...
+    compiled.append(metrics.counter_value("UncachedCompile"))
+    assert compiled[2] == compiled[3] == compiled[4] == compiled[5] > 0, compiled
+    assert metrics.counter_value("GenericProgramHit") == 2
     assert not metrics.counter_value("CompileReuse")         # (not even lowered again)
-    assert list(metrics.compiles_by_shape().values()) == [1, 1, 1]
+    assert all(n == 1 for n in metrics.compiles_by_shape().values())
