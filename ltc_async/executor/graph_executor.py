@@ -20,12 +20,14 @@ The backward's own cut.  A program that reads a result on the host every step (`
 waits for the whole step's graph, which can only start once the step is traced: the device
 idles while the host traces, the host idles while the device runs.  So when a backward pass
 starts over tensors of a device whose program has, since its previous backward began, read on
-the host a value computed after that moment (`DeviceContext.read_since_backward`: the loss, a
-metric; not the initial weights copied to the host), the device's pending work -- the forward, with whatever
-else is live -- is cut and queued first (`before_backward`, called by the autograd engine's
-entry in `patches/registration.py`): the forward runs while the backward and the optimizer
-step are traced, and the read waits for less.  Measured: tiny GPT-2 / BERT training steps
-with the loss read every step, ~40% / ~30% shorter (`benchmarks/bench_tiers.py`).  A program
+the host a value computed after that moment (`DeviceContext.read_since_backward`: the loss,
+a metric; not the initial weights copied to the host), the device's pending work -- the
+forward, with whatever else is live -- is cut and queued first (`before_backward`, called by
+the autograd engine's entry in `patches/registration.py`): the forward runs while the backward
+and the optimizer step are traced, and the read waits for less.  Measured: tiny GPT-2 / BERT
+training steps with the loss read every step, 30-40% shorter (`benchmarks/bench_tiers.py`).
+Values read to the host before the cut stay known after it (`events.values_cut`: a mask's
+count read in the forward still sizes the backward's index ops without a second read).  A program
 that does not read every step keeps one graph per step: its steps already overlap each other,
 and a second graph per step only adds overhead.  The decision follows program order (reads,
 backward calls), not timing, so a steady loop cuts the same graphs every step (cached keys);
