@@ -126,9 +126,10 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     loss_fn = torch.nn.functional.cross_entropy
-    compiled = []
+    compiled, generic = [], []
     for batch in (16, 16, 5, 5, 16):
         compiled.append(metrics.counter_value("UncachedCompile") or 0)
+        generic.append(metrics.counter_value("GenericProgramHit") or 0)
         x, y = torch.randn(batch, 8), torch.randint(0, 4, (batch,))
         opt.zero_grad()
         loss = loss_fn(lazy(x.to("ltc:0")), y.to("ltc:0"))
@@ -147,6 +148,7 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     # nothing: both their graphs reuse the programs compiled for 16 ...
     compiled.append(metrics.counter_value("UncachedCompile"))
     assert compiled[2] == compiled[3] == compiled[4] == compiled[5] > 0, compiled
-    assert metrics.counter_value("GenericProgramHit") == 2
+    assert generic[4] - generic[2] == 2    # the first batch of 5: both graphs (the process's
+    # compile cache may hold graphs of earlier programs: only this loop's steps are counted)
     assert not metrics.counter_value("CompileReuse")         # (not even lowered again)
     assert all(n == 1 for n in metrics.compiles_by_shape().values())
