@@ -4,7 +4,7 @@
 # under xdist, and bench_tiers with the eager anchors on the GPU.  The GPU image lacks a few
 # test dependencies: download their wheels into .whl/ first (trio, outcome, sniffio,
 # pytest-trio, expecttest, pyro-ppl, pyro-api) and carry .whl.
-#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min)
+#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; SUITE_S, BENCH_S)
 #   bash benchmarks/gpu_check.sh --rerun FILE [DIR [CPUFILE]]   (FILE's tests again; DIR's checks)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -34,7 +34,7 @@ if [ "$1" = "--rerun" ]; then
   tail -3 $OUT/rerun_cuda.txt; tail -3 $OUT/rerun_cpu.txt; tail -40 $OUT/checks.txt
   el done; exit 0
 fi
-el "smoke + example"
+el "smoke"
 timeout 90 python3 - <<'PY' 2>&1 | tee $OUT/smoke.txt
 import torch, ltc_async as ltc
 print("backend device", ltc.backend_device("ltc:0"))
@@ -42,17 +42,20 @@ x = torch.randn(64, 64, device="ltc:0"); y = (x @ x).relu().sum(0)
 ref = (x.cpu().cuda() @ x.cpu().cuda()).relu().sum(0)
 torch.testing.assert_close(y.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4); print("smoke ok")
 PY
-timeout 90 python3 examples/train_mlp.py 2>&1 | tail -25 | tee $OUT/example.txt
-el "ltc:0 = cuda:0 against eager CUDA (training, separate processes)"
-for c in mobilenet_v2 resnet; do timeout 120 python3 -m benchmarks.cuda_vs_eager --all --case $c; done 2>&1 | tee $OUT/cuda_vs_eager.txt
+# the example and ltc:0 = cuda:0 against eager CUDA (training, separate processes) run beside
+# the suite: one process each, on a 16-core machine
+{ el example; timeout 150 python3 examples/train_mlp.py 2>&1 | tail -25; el "example done"; } > $OUT/example.txt 2>&1 &
+{ for c in mobilenet_v2 resnet; do timeout 120 python3 -m benchmarks.cuda_vs_eager --all --case $c; done; el "cuda_vs_eager done"; } > $OUT/cuda_vs_eager.txt 2>&1 &
 el "pytest"
 # tests marked kernel_assert skip on CUDA (a device-side assert ends the CUDA context); a test
 # that ends it anyway ends its worker, which xdist replaces (tests/conftest.py)
-LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT 300 python3 -m pytest -q -n 12 --max-worker-restart 200 \
-   -p no:cacheprovider --timeout 300 --tb=short -rfE --junitxml=$OUT/junit.xml tests > $OUT/pytest.txt 2>&1
+LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-340} python3 -m pytest -q -n 13 --max-worker-restart 200 \
+   -p no:cacheprovider --timeout 200 --tb=short -rfE --junitxml=$OUT/junit.xml tests > $OUT/pytest.txt 2>&1
 tail -8 $OUT/pytest.txt
+wait
+cat $OUT/example.txt; cat $OUT/cuda_vs_eager.txt | tail -30
 el "bench"
-BENCH_EAGER_DEVICE=cuda timeout -s INT 150 python3 -m benchmarks.bench_tiers --only gpt2 \
-   --engines eager,inductor,ltc,ltc-tiered --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
-tail -12 $OUT/bench.txt
+BENCH_EAGER_DEVICE=cuda timeout -s INT ${BENCH_S:-150} python3 -m benchmarks.bench_tiers --only gpt2 \
+   --engines eager,inductor,ltc,ltc+compile --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
+tail -14 $OUT/bench.txt
 el done

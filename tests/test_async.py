@@ -78,6 +78,7 @@ def _bad_gather():
     return x, x.index_select(0, idx) * 2
 
 
+@pytest.mark.kernel_assert
 def test_execution_error_is_reraised_once_and_device_recovers():
     x, bad = _bad_gather()
     ltc.mark_step()                          # scheduling succeeds; the device fails later
@@ -97,6 +98,7 @@ def test_execution_error_is_reraised_once_and_device_recovers():
     assert_eager(y, torch.arange(5.0) + 1)
 
 
+@pytest.mark.kernel_assert
 def test_reading_failed_tensor_consumes_the_device_error():
     _, bad = _bad_gather()
     with pytest.raises(ltc.ComputationError):
@@ -104,6 +106,7 @@ def test_reading_failed_tensor_consumes_the_device_error():
     ltc.wait_device_ops()                    # already reported through the read
 
 
+@pytest.mark.kernel_assert
 def test_next_sync_on_device_reraises_pending_error():
     _, bad = _bad_gather()
     ltc.mark_step()
@@ -114,6 +117,7 @@ def test_next_sync_on_device_reraises_pending_error():
     del bad
 
 
+@pytest.mark.kernel_assert
 def test_failed_input_propagates_to_consumers():
     _, bad = _bad_gather()
     ltc.mark_step()

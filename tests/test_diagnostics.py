@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import trio
-from conftest import heavy, heavy_steps, run_python
+from conftest import ON_CUDA, heavy, heavy_steps, run_python
 
 import ltc_async as ltc
 from ltc_async.diagnostics import recompiles, sync_guard
@@ -486,7 +486,8 @@ def test_timeline_summary_sees_host_reads():
 
 
 def test_timeline_sees_mark_step_wait_for_a_full_queue():
-    x = (torch.randn(192, 192) / 14).to("ltc:0")
+    size = 4096 if ON_CUDA else 192       # a GPU's step of small matmuls is shorter than its trace
+    x = (torch.randn(size, size) / size ** 0.5).to("ltc:0")
     n = heavy_steps(x, 0.05)                                # each step: >= 50 ms of device work
     steps = 10                                              # max_inflight (4) steps, then 6 more
     with ltc.debug.timeline() as tl:

@@ -211,6 +211,7 @@ def test_bad_index_fails_only_what_depends_on_it():
         assert_eager(p.detach(), q.detach())
 
 
+@pytest.mark.kernel_assert
 def test_two_failures_before_one_barrier_are_both_reported():
     a = torch.arange(5.0).to("ltc:0")
     b = torch.arange(5.0).to("ltc:1")
@@ -227,6 +228,7 @@ def test_two_failures_before_one_barrier_are_both_reported():
             t.cpu()
 
 
+@pytest.mark.kernel_assert
 def test_dependent_failure_says_so_and_is_reported_once():
     x = torch.arange(5.0).to("ltc:1")
     bad = x.index_select(0, torch.tensor([9]).to("ltc:1")) * 2
@@ -243,6 +245,7 @@ def test_dependent_failure_says_so_and_is_reported_once():
     assert read.value.__cause__ is info.value.errors[-1].__cause__ or read.value.__cause__ is not None
 
 
+@pytest.mark.kernel_assert
 def test_out_of_range_at_execution_keeps_device_usable():
     x = torch.randn(4, 3)
     lx = x.to("ltc:0")

@@ -61,6 +61,7 @@ async def test_cancellation_is_prompt_and_results_stay_valid():
     torch.testing.assert_close(out, backing_ref(heavy, host, n), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.kernel_assert
 @pytest.mark.trio
 async def test_async_errors_are_reraised():
     x = torch.arange(4.0).to("ltc:0")

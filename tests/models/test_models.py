@@ -165,6 +165,10 @@ class Case:
     atol: float = 1e-5
     values_bug: str | None = None     # why the values do not match yet (strict xfail)
     steady_bug: str | None = None     # why the step still falls back or recompiles
+    # On a CUDA backing, the steps whose weights are compared with eager CPU's: BatchNorm CNNs
+    # amplify CUDA's last-bit differences, and after 4 steps eager CUDA's own MobileNetV2 ends
+    # 0.19 from eager CPU's (`python -m benchmarks.cuda_vs_eager --all`, H200; ResNet 2e-7)
+    cuda_steps: int | None = None
 
 
 def _sgd(p: Any) -> torch.optim.Optimizer:
@@ -182,7 +186,7 @@ _ADAM_ATOL = 5e-5
 
 CASES = [
     Case("resnet", _resnet, _images, lambda m, b: m(**b).loss, _sgd),
-    Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd),
+    Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd, cuda_steps=1),
     Case("gpt2", _gpt2, _tokens, lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss,
          _adamw, atol=_ADAM_ATOL),
     Case("mixtral", _mixtral, _tokens,
@@ -263,6 +267,8 @@ def _xfail(reason: str | None) -> Any:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=_xfail(c.values_bug)) for c in CASES])
 def test_training_matches_eager(case: Case):
     eager, lazy, batches = _pair(case)
+    if ON_CUDA and case.cuda_steps:
+        batches = batches[:case.cuda_steps]
     _train(case, eager, case.optimizer(eager.parameters()), batches, None)
     tier_ups = [ltc.metrics.counter_value(c) or 0 for c in ("TierUpRun", "TierUpFailed")]
     _train(case, lazy, case.optimizer(lazy.parameters()), batches, "ltc:0")
