@@ -75,16 +75,25 @@ def child(args: argparse.Namespace) -> None:
     step, wait = bc.make(engine, (timed_build, lambda: batch, loss_fn, make_opt))
     first = float(step().detach().cpu())
     first_s = time.perf_counter() - t0 - sum(model_build_s)
-    for _ in range(args.warmup):
-        step()
-    wait()
+
+    def warm_up(steps: int) -> None:
+        # both patterns measured below: a loop that reads the loss every step runs two graphs a
+        # step (the backward's own cut), one that reads rarely one graph a step, so each gets
+        # hot (and, tiered, built) before the timing, not during it
+        for read_every in (1, 30):
+            for k in range(steps):
+                loss = step()
+                if (k + 1) % read_every == 0:
+                    float(loss.detach().cpu())
+            wait()
+    warm_up(args.warmup)
     tier_up_s = None
     if args.engine.endswith("tiered"):
         ltc.debug.wait_compiles()
         tier_up_s = time.perf_counter() - T_START
-        for _ in range(10):   # past the trial of each graph's two tiers (`LTC_ASYNC_TIER_TRIAL`)
-            step()
-        wait()
+        warm_up(10)   # past the trial of each graph's two tiers (`LTC_ASYNC_TIER_TRIAL`)
+        if not ltc.debug.wait_compiles(timeout=0.1):
+            print("builds still running after the warm-up", file=sys.stderr)
 
     def timed(read_every: int) -> float:
         samples = []

@@ -97,6 +97,40 @@ def test_a_training_loop_moves_to_inductor_and_keeps_eager_values():
     assert count == c["TierUpCompile"] and total > 0
 
 
+def test_a_graph_fed_by_a_graph_that_moved_up_stays_on_the_top_tier():
+    """A loop of two graphs per step, the second reading a transposed result of the first (a
+    weight-tied projection made in one step, used in the next).  Once the first graph runs on
+    Inductor, its result comes in Inductor's layout (contiguous) instead of eager's transposed
+    one, which the second graph's Inductor program was built for: the program refused it
+    ("expected stride 1==16", seen training GPT-2 with the loss read every step), `TierUpFailed`
+    left the graph on TorchScript.  Now the input is copied into the layout built for."""
+    g = torch.Generator().manual_seed(5)
+    w, xs = torch.randn(16, 8, generator=g), torch.randn(12, 4, 16, generator=g)
+
+    def program(dev):
+        wd, outs = w.to(dev), []
+        for i in range(12):
+            proj = (wd * 0.5).t()                       # (8, 16), eager's strides (1, 8)
+            if dev != "cpu":
+                ltc.mark_step()
+            outs.append(torch.tanh(xs[i].to(dev) @ proj.t()).sum(0) + proj.sum(1).mean())
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 4:
+                    ltc.debug.wait_compiles(600)
+        return torch.stack([o.cpu() for o in outs])
+    want = program("cpu")
+    ltc.metrics.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = program(DEV)
+        ltc.debug.wait_compiles(600)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not [str(m.message) for m in seen if "could not take" in str(m.message)]
+    c = _counts()
+    assert c["TierUpFailed"] == 0 and c["TierUpCompile"] >= 2 and c["TierUpRun"] >= 8, c
+
+
 def test_no_step_waits_for_a_build(monkeypatch, tmp_path, request):
     """Steps keep running on TorchScript while the build runs (seconds): every step of the loop
     below finishes while the build is still under way, each in a small fraction of it.  The

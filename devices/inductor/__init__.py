@@ -90,12 +90,14 @@ def eligible(order: list[Node]) -> str | None:
 class InductorProgram(Computation):
     """A graph's Inductor program; takes the graph's inputs in the quick tier's order."""
 
-    def __init__(self, fn: Any, tensor_slots: list[int], lifted: list[int], baked: tuple, text: str) -> None:
+    def __init__(self, fn: Any, tensor_slots: list[int], lifted: list[int], baked: tuple, text: str,
+                 strides: Sequence[tuple[int, ...]]) -> None:
         self.fn = fn
         self.tensor_slots = tensor_slots    # positions of the tensor inputs among all inputs
         self.lifted = lifted                # positions of scalars passed as 0-dim float64 tensors
         self.baked = baked                  # (position, type, value) of scalars built in
         self.backend_text = text
+        self.strides = list(strides)        # the tensor inputs' strides the kernels were built for
 
     def accepts(self, inputs: Sequence[Any]) -> bool:
         for i, t, v in self.baked:
@@ -106,8 +108,28 @@ class InductorProgram(Computation):
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         args = [inputs[i] for i in self.tensor_slots]
+        # The kernels index their inputs with the strides they were built for (and check them).
+        # The same graph key can meet other layouts: the graph's inputs come from programs whose
+        # outputs' layout depends on their tier (Inductor lays out a transposed or expanded
+        # result contiguously, TorchScript as eager's view), and during a trial the producer
+        # alternates tiers.  An input in another layout is copied into the one built for.
+        for k, stride in enumerate(self.strides):
+            a = args[k]
+            if a.stride() != stride:
+                args[k] = _relayout(a, stride)
         args.extend(torch.tensor(inputs[i], dtype=torch.float64) for i in self.lifted)
         return list(self.fn(*args))
+
+
+def _relayout(a: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`a`'s values in the layout `stride` (of a tensor of `a`'s shape).  A dimension of stride 0
+    (an expanded value: its entries are equal along it) is copied once and expanded again."""
+    src = a
+    for d, (n, s) in enumerate(zip(a.shape, stride)):
+        if s == 0 and n > 1:
+            src = src.narrow(d, 0, 1)
+    out = torch.empty_strided(src.shape, stride, dtype=a.dtype, device=a.device).copy_(src)
+    return out.expand(a.shape) if src is not a else out
 
 
 # ops whose floating-point Scalar argument is lifted, as the Tensor overload that takes it
@@ -280,7 +302,7 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
         with inductor_config.patch(patch):
             fn = torch._inductor.compile(gm, examples)
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
-    return InductorProgram(fn, slots, lift_slots, baked, gm.code)
+    return InductorProgram(fn, slots, lift_slots, baked, gm.code, [e.stride() for e in examples[:len(slots)]])
 
 
 def _dropping(graph: Any, n_tensors: int, lift_slots: list[int], keep: list[int]) -> Any:
