@@ -59,7 +59,7 @@ class Subgraph:
         self.template = tuple((TENSOR, i) for i in range(len(leaves))) + tuple(
             (RNG, k) if k in rng else (SCALAR, k, type(v)) for k, v in enumerate(scalars))
         self.node_key = (self.key, ())
-        self._interpreters: dict[torch.device, Any] = {}
+        self._interpreters: dict[tuple, Any] = {}   # (device, interpreter class) -> interpreter
 
     def name(self) -> str:
         """What IR dumps and error messages call this op."""
@@ -89,9 +89,13 @@ class Subgraph:
             env[id(n)] = lowering.emit(n, [env[id(o)][i] for o, i in n.operands])
         return [env[id(n)][i] for n, i in self.roots]
 
-    def run(self, values: Sequence[Any], scalars: Sequence[Any], device: torch.device) -> list[Any]:
-        """The IR interpreter: run the body eagerly on backend values; the flattened outputs."""
-        interp = self._interpreters.get(device)
+    def run(self, values: Sequence[Any], scalars: Sequence[Any], device: torch.device,
+            interpreter: type[Interpreter] = Interpreter) -> list[Any]:
+        """The IR interpreter: run the body eagerly on backend values; the flattened outputs.
+        `interpreter`: the class of the interpreter running the graph around this node (a
+        backend's interpreter rewrites calls: the body's ops get the same rewrites)."""
+        interp = self._interpreters.get((device, interpreter))
         if interp is None:
-            interp = self._interpreters[device] = Interpreter(self.leaves + self.ops, self.roots, device)
+            interp = self._interpreters[(device, interpreter)] = interpreter(
+                self.leaves + self.ops, self.roots, device)
         return interp.execute(list(values) + list(scalars))

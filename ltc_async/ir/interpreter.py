@@ -114,7 +114,7 @@ class Interpreter:
         scalars = [next(it) for _ in range(n_scalars)]
         vals = [env[k][i] for k, i in operands]
         if not isinstance(op, torch._ops.OpOverload):  # a captured graph (ltc_async.compile)
-            return op.run(vals, scalars, self.device)
+            return op.run(vals, scalars, self.device, type(self))
         args = [self._arg(e, vals, scalars) for e in template]
         pos_args, kw_args = op_info(op).split(args)
         return self.flatten(self._call(op, pos_args, kw_args), out_spec)
