@@ -455,6 +455,50 @@ def test_torch_compile_graphs_tier_up_too():
     assert c["TierUpCompile"] >= 1 and c["TierUpRun"] >= 2 and c["TierUpFailed"] == 0
 
 
+class _Attention(torch.nn.Module):
+    """Multi-head self-attention as GPT-2 writes it: heads split with view + transpose."""
+
+    def __init__(self, width: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        a = torch.softmax(q @ k.transpose(-2, -1) / (c // self.heads) ** 0.5, dim=-1) @ v
+        return self.out(a.transpose(1, 2).reshape(b, t, c))
+
+
+def test_top_tier_programs_take_views_as_views():
+    """Attention's transposes and reshapes, traced lazily and through torch.compile:
+    functionalization records them as `transpose_copy` / `view_copy`, which Inductor
+    materialized one by one (GPT-2's compile-path step ran 1.8x torch.compile's own Inductor
+    program).  The top tier's programs take them as views, bodies of captured graphs included,
+    with eager's values."""
+    from ltc_async.executor import compiler
+    torch.manual_seed(0)
+    attn = _Attention().eval()
+    lazy = copy.deepcopy(attn).to(DEV)
+    compiled = torch.compile(lambda q: lazy(q).transpose(1, 2) * 2, backend="ltc")
+    xs = torch.randn(8, 2, 5, 16, generator=torch.Generator().manual_seed(6))
+    ltc.metrics.reset()
+    with torch.no_grad():
+        for k in range(8):
+            want = attn(xs[k])
+            q = xs[k].to(DEV)
+            torch.testing.assert_close(lazy(q).cpu(), want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(compiled(q).cpu(), want.transpose(1, 2) * 2, rtol=1e-5, atol=1e-5)
+            if k == 4:
+                ltc.debug.wait_compiles(600)
+    codes = [c._top.backend_text for c in list(compiler.cache._d.values()) if getattr(c, "_top", None) is not None]
+    assert len(codes) >= 2 and _counts()["TierUpFailed"] == 0
+    assert all("aten.transpose" in code for code in codes), codes
+    for code in codes:
+        for copy_op in ("view_copy", "transpose_copy", "t_copy", "permute_copy", "expand_copy", "slice_copy",
+                        "split_copy"):
+            assert copy_op not in code, f"{copy_op} in the top tier's program:\n{code}"
+
+
 def test_the_timeline_shows_background_builds():
     x = torch.randn(8, 8, device=DEV)
     with ltc.debug.timeline() as tl:
