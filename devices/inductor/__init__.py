@@ -9,9 +9,10 @@ How a graph becomes an Inductor program:
 
 1. the IR interpreter over the cut graph (`Interpreter(order, roots, device)`: structure and
    constants only, no node objects kept) is traced by `make_fx` in fake mode, on stand-ins
-   with the graph inputs' shapes, strides and dtypes: an FX graph of exactly the aten ops the
-   IR holds (captured `torch.compile` bodies included: they run through their own
-   interpreter);
+   with the graph inputs' shapes, strides and dtypes: an FX graph of the aten ops the IR holds
+   (captured `torch.compile` bodies included: they run through an interpreter of the same
+   class), except that the `x_copy` ops functionalization made of views are traced as the views
+   (`_view_of`) and `view` is handed to Inductor as `reshape` (`_views_as_reshapes`);
 2. the graph's runtime scalars are Python numbers, which `make_fx` would bake into the FX graph
    as constants.  Those that change from step to step in real programs are *lifted*: a float
    in a Tensor slot of a floating-point op (`div.Tensor(x, bias_correction)`), the scalar of
@@ -181,9 +182,10 @@ def specialization(graph: Interpreter) -> Any:
 # tier emits them: values in a compiled graph are never mutated).  As copies, Inductor
 # materializes every transpose, slice and expand the graph takes (extern matmuls take their
 # operands materialized; with the C++ wrapper `slice_copy` / `split_copy` even ran through its
-# proxy executor): measured, GPT-2's compile-path step ran 16.9 ms on this tier against 9.3 ms
-# for torch.compile's own Inductor program of the same model.  As views, Inductor indexes into
-# the buffers, and a graph output that is a view keeps eager's strides, as on TorchScript.
+# proxy executor): measured, GPT-2's compile-path step kept the device busy 16.9 ms on this tier,
+# where a whole step of torch.compile's own Inductor program took 9.3 ms (with views: 11.1 ms).
+# As views, Inductor indexes into the buffers, and a graph output that is a view keeps eager's
+# strides, as on TorchScript.  Inputs in another layout than built for: `_relayout`.
 _VIEWS: dict[Any, Any] = {}
 _RESHAPES = (torch.ops.aten.view_copy.default, torch.ops.aten._unsafe_view.default,
              torch.ops.aten._reshape_alias_copy.default)
