@@ -2,8 +2,9 @@
 # The CUDA check run on a lent GPU (this workplace's device tool), in one call, outputs under
 # $OUT: a smoke test, examples/train_mlp.py on ltc:0 (= cuda:0), the suite on cuda:0,cuda:0
 # under xdist, and bench_tiers with the eager anchors on the GPU.  The GPU image lacks a few
-# test dependencies: download their wheels into .whl/ first (trio, outcome, sniffio,
-# pytest-trio, expecttest, pyro-ppl, pyro-api) and carry .whl.
+# test dependencies: download their wheels into .whl/ (ignored by git) first and carry .whl:
+#   .venv/bin/pip download -q --no-deps -d .whl trio outcome sniffio pytest-trio expecttest \
+#       pyro-ppl pyro-api sortedcontainers
 #   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; SUITE_S, BENCH_S)
 #   bash benchmarks/gpu_check.sh --rerun FILE [DIR [CPUFILE]]   (FILE's tests again; DIR's checks)
 export PYTHONUNBUFFERED=1
