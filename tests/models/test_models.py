@@ -169,6 +169,10 @@ class Case:
     # amplify CUDA's last-bit differences, and after 4 steps eager CUDA's own MobileNetV2 ends
     # 0.19 from eager CPU's (`python -m benchmarks.cuda_vs_eager --all`, H200; ResNet 2e-7)
     cuda_steps: int | None = None
+    # With the Inductor tier on (`make test-tiered`), the float32 tolerance of a model that
+    # amplifies last-bit differences over its steps: Inductor rounds differently from eager
+    # (MobileNetV2's first conv ended 2.6e-4 from eager after 4 steps, ResNet within 1e-5)
+    tiered_tol: float | None = None
 
 
 def _sgd(p: Any) -> torch.optim.Optimizer:
@@ -186,7 +190,7 @@ _ADAM_ATOL = 5e-5
 
 CASES = [
     Case("resnet", _resnet, _images, lambda m, b: m(**b).loss, _sgd),
-    Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd, cuda_steps=1),
+    Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd, cuda_steps=1, tiered_tol=2e-3),
     Case("gpt2", _gpt2, _tokens, lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss,
          _adamw, atol=_ADAM_ATOL),
     Case("mixtral", _mixtral, _tokens,
@@ -276,11 +280,14 @@ def test_training_matches_eager(case: Case):
         runs, failed = [(ltc.metrics.counter_value(c) or 0) - n
                         for c, n in zip(("TierUpRun", "TierUpFailed"), tier_ups)]
         assert runs > 0 and failed == 0, f"{case.name}: {runs} executions on the top tier, {failed} failed builds"
+    tiered = bool(case.tiered_tol) and "inductor" in config.tiers
+    params_tol = (case.tiered_tol, case.tiered_tol) if tiered else (1e-4, case.atol)
+    buffers_tol = (case.tiered_tol, case.tiered_tol) if tiered else (1e-4, 1e-5)
     for (name, p), q in zip(eager.named_parameters(), lazy.parameters()):
-        torch.testing.assert_close(q.detach().cpu(), p.detach(), **_tolerance(p, 1e-4, case.atol),
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), **_tolerance(p, *params_tol),
                                    msg=lambda m, name=name: f"{case.name}.{name}: {m}")
     for (name, b), c in zip(eager.named_buffers(), lazy.buffers()):
-        torch.testing.assert_close(c.cpu(), b, **_tolerance(b, 1e-4, 1e-5),
+        torch.testing.assert_close(c.cpu(), b, **_tolerance(b, *buffers_tol),
                                    msg=lambda m, name=name: f"{case.name}.{name}: {m}")
 
 
