@@ -12,7 +12,7 @@ How a graph becomes an Inductor program:
    with the graph inputs' shapes, strides and dtypes: an FX graph of the aten ops the IR holds
    (captured `torch.compile` bodies included: they run through an interpreter of the same
    class), except that the `x_copy` ops functionalization made of views are traced as the views
-   (`_view_of`) and `view` is handed to Inductor as `reshape` (`_views_as_reshapes`);
+   (`OpInfo.compiled_as`) and `view` is handed to Inductor as `reshape` (`_views_as_reshapes`);
 2. the graph's runtime scalars are Python numbers, which `make_fx` would bake into the FX graph
    as constants.  Those that change from step to step in real programs are *lifted*: a float
    in a Tensor slot of a floating-point op (`div.Tensor(x, bias_correction)`), the scalar of
@@ -178,32 +178,14 @@ def specialization(graph: Interpreter) -> Any:
     return key
 
 
-# The `x_copy` ops functionalization made of view ops, traced as the view `x` (as the TorchScript
-# tier emits them: values in a compiled graph are never mutated).  As copies, Inductor
-# materializes every transpose, slice and expand the graph takes (extern matmuls take their
-# operands materialized; with the C++ wrapper `slice_copy` / `split_copy` even ran through its
-# proxy executor): measured, GPT-2's compile-path step kept the device busy 16.9 ms on this tier,
+# The `x_copy` ops functionalization made of view ops are traced as the views the program runs
+# (`OpInfo.compiled_as`, as the TorchScript tier emits them).  As copies, Inductor materialized
+# every transpose, slice and expand the graph takes (extern matmuls take their operands
+# materialized; with the C++ wrapper `slice_copy` / `split_copy` even ran through its proxy
+# executor): measured, GPT-2's compile-path step kept the device busy 16.9 ms on this tier,
 # where a whole step of torch.compile's own Inductor program took 9.3 ms (with views: 11.1 ms).
 # As views, Inductor indexes into the buffers, and a graph output that is a view keeps eager's
 # strides, as on TorchScript.  Inputs in another layout than built for: `_relayout`.
-_VIEWS: dict[Any, Any] = {}
-_RESHAPES = (torch.ops.aten.view_copy.default, torch.ops.aten._unsafe_view.default,
-             torch.ops.aten._reshape_alias_copy.default)
-_LAZY_BITS = ("aten::_conj_copy", "aten::_neg_view_copy")   # later ops refuse the lazy bit
-
-
-def _view_of(op: Any) -> Any:
-    """The op to trace for `op`: its view twin for a functionalized view copy, else `op`."""
-    if op in _RESHAPES:
-        # the values' strides need not be eager's (a `contiguous()` that was the identity on
-        # values): reshape, which is a view where it can be
-        return torch.ops.aten.reshape.default
-    if not isinstance(op, torch._ops.OpOverload) or op._schema.name in _LAZY_BITS:
-        return op
-    view = op_info(op).view_op
-    if view is None or len(view._schema.arguments) != len(op._schema.arguments):
-        return op
-    return view
 
 
 _ALPHA = (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor)
@@ -275,9 +257,7 @@ class _LiftingInterpreter(Interpreter):
         return self.flatten(out, out_spec)
 
     def _call(self, op: Any, args: Any, kwargs: dict) -> Any:
-        view = _VIEWS.get(op)
-        if view is None:
-            view = _VIEWS[op] = _view_of(op)
+        view = op_info(op).compiled_as
         if view is not op:
             if op is torch.ops.aten._reshape_alias_copy.default:
                 args = args[:2]          # (self, size, stride): reshape takes the size

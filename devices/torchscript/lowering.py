@@ -23,6 +23,7 @@ from ltc_async.ir.node import (
     Tag,
     const_value,
 )
+from ltc_async.ir.schema import op_info
 
 _TENSOR = TensorType.get()
 _GEN = torch._C._GeneratorType.get()
@@ -35,33 +36,9 @@ _ENUMS = {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_l
 IN_TENSOR, IN_SCALAR, IN_GENERATOR = 0, 1, 2
 
 
-_VIEW_NAMES: dict = {}
-# views that only set a lazy conjugate / negative bit: later ops (view_as_real) reject them,
-# so these keep their materializing `_copy` form
-_LAZY_BIT_COPIES = {"_conj_copy", "_neg_view_copy"}
-_RESHAPES = {torch.ops.aten.view_copy.default, torch.ops.aten._unsafe_view.default,
-             torch.ops.aten._reshape_alias_copy.default}
-
-
 def _graph_op_name(op: torch._ops.OpOverload) -> str:
-    """The aten name to emit.  Values in a compiled graph are never mutated, so the `x_copy`
-    ops functionalization produces can run as the view op `x`: no copy, same values."""
-    name = _VIEW_NAMES.get(op)
-    if name is None:
-        name = op._schema.name
-        base = name.split("::")[-1]
-        if op in _RESHAPES:
-            # our values need not have the strides eager would give them (e.g. after a
-            # `contiguous()` that was the identity on values): reshape, never view
-            _VIEW_NAMES[op] = "aten::reshape"
-            return "aten::reshape"
-        if base.endswith("_copy") and base != "_copy" and base not in _LAZY_BIT_COPIES:
-            packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
-            view = getattr(packet, op._schema.overload_name or "default", None) if packet else None
-            if view is not None and len(view._schema.arguments) == len(op._schema.arguments):
-                name = view._schema.name
-        _VIEW_NAMES[op] = name
-    return name
+    """The aten name to emit: `OpInfo.compiled_as` (a view copy runs as its view)."""
+    return op_info(op).compiled_as._schema.name
 
 
 def _is_optional_list(t: torch._C.JitType) -> bool:

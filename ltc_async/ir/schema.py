@@ -59,6 +59,9 @@ def _arg_kind(t: torch._C.JitType) -> int:
 
 
 _FILLS = {"aten::full": "fill_value", "aten::scalar_tensor": "s"}
+# see `OpInfo.compiled_as`
+_RESHAPES = ("aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy")
+_LAZY_BIT_COPIES = ("_conj_copy", "_neg_view_copy")
 _COPIED = {"slice_scatter": ("src",), "select_scatter": ("src",), "diagonal_scatter": ("src",),
            "as_strided_scatter": ("src",),
            "resize_as": ("the_template",), "resize_as_": ("the_template",)}
@@ -69,7 +72,7 @@ class OpInfo:
 
     __slots__ = ("op", "name", "qualname", "counter", "identity", "arg_names", "kinds", "defaults", "n_positional_max", "index_of",
                  "returns", "returns_only_tensors", "is_factory", "has_generator", "seeded", "n_args", "default_tails",
-                 "dynamic_shape", "view_op", "written", "is_inplace_or_out", "generator_twin",
+                 "dynamic_shape", "view_op", "compiled_as", "written", "is_inplace_or_out", "generator_twin",
                  "index_lists", "copied", "fill_scalars", "fill_dtype")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
@@ -137,6 +140,19 @@ class OpInfo:
             packet = getattr(torch.ops.aten, base[: -len("_copy")], None)
             if packet is not None:
                 self.view_op = getattr(packet, schema.overload_name or "default", None)
+        # The op a compiled program runs for this one (the TorchScript and Inductor tiers).
+        # Values in a program are never mutated, so a view copy runs as its view: no copy, the
+        # same values.  Except the copies that only set a lazy conjugate / negative bit, which
+        # later ops (view_as_real) reject; and the reshape family, which runs as `reshape`: a
+        # program's values need not have eager's strides (after a `contiguous()` that was the
+        # identity on values), and `reshape` is a view wherever one is possible.
+        if schema.name in _RESHAPES and schema.overload_name == "":
+            self.compiled_as = torch.ops.aten.reshape.default
+        elif (self.view_op is not None and base not in _LAZY_BIT_COPIES
+              and len(self.view_op._schema.arguments) == len(schema.arguments)):
+            self.compiled_as = self.view_op
+        else:
+            self.compiled_as = op
 
         # A random op without a Generator argument (`rand.default`, `rand_like.default`) is
         # traced as its overload that takes one, so it draws from the per-device seed.
