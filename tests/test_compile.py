@@ -7,6 +7,8 @@ uncompiled on `ltc`) and compares values; counters show that graph calls were ca
 from __future__ import annotations
 
 import copy
+import sys
+import threading
 
 import pytest
 import torch
@@ -370,6 +372,46 @@ def test_threads_share_a_compiled_function():
     for pairs in results.values():
         for lazy, eager in pairs:
             torch.testing.assert_close(lazy.cpu(), eager)
+
+
+def test_a_thread_compiling_beside_another_that_steps_the_same_device():
+    """A first call (the capture) on one thread while another thread cuts steps on the same
+    device: the other thread's `mark_step` must not take the capture's recording."""
+    from conftest import run_in_threads
+
+    def body(x, w):
+        for _ in range(60):
+            x = torch.tanh(x @ w) + x
+        return x.sum(0)
+    f = torch.compile(body, backend="ltc")
+    w = torch.randn(6, 6) / 6
+    xs = [torch.randn(n, 6) for n in range(2, 12)]   # each new batch size is captured again
+    done = threading.Event()
+    seen: dict = {}
+
+    def compiles() -> None:
+        try:
+            seen["out"] = [f(x.to("ltc:0"), w.to("ltc:0")).cpu() for x in xs]
+        finally:
+            done.set()
+
+    def steps() -> None:
+        y = torch.ones(3).to("ltc:0")
+        n = 0
+        while not done.is_set() or n < 3:
+            y = y + 1
+            ltc.mark_step(["ltc:0"])
+            n += 1
+        seen["y"], seen["n"] = y.cpu(), n
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)     # the threads interleave within the capture's few ms
+    try:
+        run_in_threads(lambda k: compiles() if k == 0 else steps(), [(0,), (1,)], timeout=300)
+    finally:
+        sys.setswitchinterval(interval)
+    for x, out in zip(xs, seen["out"]):
+        torch.testing.assert_close(out, body(x, w))
+    torch.testing.assert_close(seen["y"], torch.full((3,), 1.0 + seen["n"]))
 
 
 def test_mark_step_semantics(metrics):

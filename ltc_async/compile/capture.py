@@ -33,7 +33,10 @@ placeholders: an eager fallback, a host read, a transfer, an exception.  Counter
 `CompiledGraphReplay` (calls replayed), `CompiledGraphReplay::<reason>` (why, once per key).
 
 Threads: `_capture_lock` (re-entrant) runs one capture at a time, because a capture saves and
-restores the device's RNG state; replaying a captured graph takes no lock of its own (it traces
+restores the device's RNG state.  The recording traces privately (`DeviceContext.
+private_tracing`): its tensors are not live tensors of the device, so another thread's
+`mark_step` on the same device neither runs the recording on its placeholders nor cuts it
+(it did: the step failed with a None input, once the placeholders were dropped).  Replaying a captured graph takes no lock of its own (it traces
 one node, like any op).
 """
 from __future__ import annotations
@@ -215,7 +218,8 @@ class GraphFunction:
         try:
             # no dispatch modes: AOTAutograd runs the first call under an analysis mode, whose
             # re-dispatch would take factory results out of functionalization
-            with torch.no_grad(), _disable_current_modes():
+            # privately: another thread's `mark_step` on this device must not cut the recording
+            with torch.no_grad(), _disable_current_modes(), ctx.private_tracing():
                 outs = self.gm(*ph_args)
         finally:
             ctx.set_rng_state(seed, counter)

@@ -71,6 +71,7 @@ class DeviceContext:
                              lambda: backend.worker_init(backend_device, threads))
         self._live: dict[int, weakref.ref] = {}
         self._purge_at = 4096
+        self._private: set[int] = set()   # threads tracing privately (`private_tracing`)
         self.seed = torch.initial_seed()
         self._rng_counter = 0
         self._rng_lock = threading.Lock()
@@ -96,6 +97,8 @@ class DeviceContext:
 
     # -- live tensors ---------------------------------------------------------------------
     def register(self, t: Any) -> None:
+        if self._private and threading.get_ident() in self._private:
+            return                      # traced privately: no cut sees it (`private_tracing`)
         # A plain weak reference, no callback: a callback is a Python call when each
         # intermediate tensor dies (most die before `mark_step`).  Dead entries are dropped by
         # `live_tensors` / `has_pending` and, so that a loop that never syncs stays bounded,
@@ -112,6 +115,21 @@ class DeviceContext:
             if r() is None:
                 live.pop(k, None)
         self._purge_at = max(4096, 2 * len(live))
+
+    @contextlib.contextmanager
+    def private_tracing(self) -> Iterator[None]:
+        """Tensors the calling thread makes on this device inside are not live tensors: no
+        `mark_step` and no other thread's cut takes their IR.  `torch.compile`'s capture traces
+        a graph once on placeholder data (`compile/capture.py`); a concurrent `mark_step` on the
+        same device must neither run that graph on the placeholders nor turn the recording's
+        tensors into data under it.  The set is changed only by its own thread (a thread id is
+        added and removed around its recording); `register` reads it."""
+        me = threading.get_ident()
+        self._private.add(me)
+        try:
+            yield
+        finally:
+            self._private.discard(me)
 
     def unregister(self, t: Any) -> None:
         self._live.pop(t._id, None)
