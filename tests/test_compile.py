@@ -414,6 +414,40 @@ def test_a_thread_compiling_beside_another_that_steps_the_same_device():
     torch.testing.assert_close(seen["y"], torch.full((3,), 1.0 + seen["n"]))
 
 
+def test_random_draws_of_a_thread_beside_a_capture_never_repeat():
+    """A capture of a graph with dropout on one thread does not rewind the device's generator
+    under another thread drawing random numbers on the same device meanwhile."""
+    from conftest import run_in_threads
+
+    def body(x):
+        for _ in range(20):
+            x = torch.nn.functional.dropout(torch.tanh(x), 0.5)
+        return x
+    f = torch.compile(body, backend="ltc")
+    done = threading.Event()
+    draws: list = []
+
+    def compiles() -> None:
+        try:
+            for n in range(2, 12):     # each new batch size is captured again
+                f(torch.ones(n, 6).to("ltc:0"))
+        finally:
+            done.set()
+
+    def draws_numbers() -> None:
+        while not done.is_set() or len(draws) < 3:
+            draws.append(torch.rand(64, device="ltc:0"))
+            ltc.mark_step(["ltc:0"])
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        run_in_threads(lambda k: compiles() if k == 0 else draws_numbers(), [(0,), (1,)], timeout=300)
+    finally:
+        sys.setswitchinterval(interval)
+    values = {tuple(d.cpu().tolist()) for d in draws}
+    assert len(values) == len(draws), f"{len(draws) - len(values)} of {len(draws)} draws repeated"
+
+
 def test_mark_step_semantics(metrics):
     cm = torch.compile(_mlp().to("ltc:0"), backend="ltc")
     x = torch.randn(6, 8).to("ltc:0")

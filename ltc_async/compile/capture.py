@@ -8,8 +8,9 @@ of argument metadata *captures* the graph:
 1. each tensor argument is replaced by a placeholder, a DEVICE_DATA node of the argument's
    shape, strides and dtype holding zeros (never read when capture succeeds);
 2. the FX graph runs once through ordinary lazy tracing (`GraphModule.forward` on the
-   placeholders, autograd off, the device's RNG state saved and restored around it): the IR
-   it produces is exactly what uncompiled tracing of the same ops produces;
+   placeholders, autograd off, traced privately: no other thread cuts it, its random draws
+   leave the device's generator as it was): the IR it produces is exactly what uncompiled
+   tracing of the same ops produces;
 3. that IR, from the outputs back to the placeholders, becomes the body of a `Subgraph`
    (`subgraph.py`).
 
@@ -32,12 +33,13 @@ placeholders: an eager fallback, a host read, a transfer, an exception.  Counter
 `CompiledGraphCapture` (captures), `CompiledGraphCall` (calls that recorded one node),
 `CompiledGraphReplay` (calls replayed), `CompiledGraphReplay::<reason>` (why, once per key).
 
-Threads: `_capture_lock` (re-entrant) runs one capture at a time, because a capture saves and
-restores the device's RNG state.  The recording traces privately (`DeviceContext.
-private_tracing`): its tensors are not live tensors of the device, so another thread's
-`mark_step` on the same device neither runs the recording on its placeholders nor cuts it
-(it did: the step failed with a None input, once the placeholders were dropped).  Replaying a captured graph takes no lock of its own (it traces
-one node, like any op).
+Threads: `_capture_lock` (re-entrant) runs one capture at a time (one per key).  The recording
+traces privately (`DeviceContext.private_tracing`): its tensors are not live tensors of the
+device, so another thread's `mark_step` on the same device neither runs the recording on its
+placeholders nor cuts it (it did: the step failed with a None input once the placeholders were
+dropped, or read wrong values), and its random ops do not advance the device's generator, which
+other threads keep drawing from meanwhile.  Replaying a captured graph takes no lock of its own
+(it traces one node, like any op).
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ _is_functional = torch._is_functional_tensor
 # Counters that mean the capture run did something other than trace the graph's ops.
 _IMPURE = ("EagerFallback", "DataDependentSync", "HostMutation", "TransferToDevice", "TensorToHost")
 
-_capture_lock = threading.RLock()   # one capture at a time (it saves and restores RNG state)
+_capture_lock = threading.RLock()   # one capture at a time: a key is captured once
 
 _ARG, _OUT, _NONE, _CONST, _BARE = 0, 1, 2, 3, 4   # how a graph output is produced (Capture.outs)
 
@@ -214,15 +216,11 @@ class GraphFunction:
             else:
                 ph_args.append(a)
         before = {c: counters._counters.get(c, 0) for c in _IMPURE}
-        seed, counter = ctx.rng_state()
-        try:
-            # no dispatch modes: AOTAutograd runs the first call under an analysis mode, whose
-            # re-dispatch would take factory results out of functionalization
-            # privately: another thread's `mark_step` on this device must not cut the recording
-            with torch.no_grad(), _disable_current_modes(), ctx.private_tracing():
-                outs = self.gm(*ph_args)
-        finally:
-            ctx.set_rng_state(seed, counter)
+        # no dispatch modes: AOTAutograd runs the first call under an analysis mode, whose
+        # re-dispatch would take factory results out of functionalization.  Privately: another
+        # thread's `mark_step` on this device must not cut the recording (module note)
+        with torch.no_grad(), _disable_current_modes(), ctx.private_tracing():
+            outs = self.gm(*ph_args)
         if any(counters._counters.get(c, 0) != n for c, n in before.items()):
             return _Replay("impure_capture")
 

@@ -122,7 +122,8 @@ class DeviceContext:
         `mark_step` and no other thread's cut takes their IR.  `torch.compile`'s capture traces
         a graph once on placeholder data (`compile/capture.py`); a concurrent `mark_step` on the
         same device must neither run that graph on the placeholders nor turn the recording's
-        tensors into data under it.  The set is changed only by its own thread (a thread id is
+        tensors into data under it.  Random ops traced privately do not advance the device's
+        generator (`next_seed`).  The set is changed only by its own thread (a thread id is
         added and removed around its recording); `register` reads it."""
         me = threading.get_ident()
         self._private.add(me)
@@ -172,6 +173,10 @@ class DeviceContext:
         self.set_rng_state(int(seed), 0)
 
     def next_seed(self) -> int:
+        if self._private and threading.get_ident() in self._private:
+            # a private recording's draws are placeholders (a captured body draws afresh at
+            # each call): they do not advance the generator other threads draw from
+            return _mix64((self.seed & _MASK64) * 0x100000001B3 + self._rng_counter)
         with self._rng_lock:
             k = self._rng_counter
             self._rng_counter = k + 1
