@@ -128,6 +128,9 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     loss_fn = torch.nn.functional.cross_entropy
     compiled, generic = [], []
     for batch in (16, 16, 5, 5, 16):
+        # the last step's graphs prepared (compiled or found) before counting: the update's
+        # graph may still be in preparation after the loss was read
+        ltc.wait_device_ops()
         compiled.append(metrics.counter_value("UncachedCompile") or 0)
         generic.append(metrics.counter_value("GenericProgramHit") or 0)
         x, y = torch.randn(batch, 8), torch.randint(0, 4, (batch,))
@@ -146,6 +149,7 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     # the loop reads its loss every step: the first step is one graph, later ones a forward and
     # a backward with the update (`graph_executor.before_backward`); the batches of 5 compile
     # nothing: both their graphs reuse the programs compiled for 16 ...
+    ltc.wait_device_ops()
     compiled.append(metrics.counter_value("UncachedCompile"))
     assert compiled[2] == compiled[3] == compiled[4] == compiled[5] > 0, compiled
     assert generic[4] - generic[2] == 2    # the first batch of 5: both graphs (the process's
