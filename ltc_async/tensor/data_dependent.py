@@ -37,7 +37,7 @@ from ..base import counters, events
 from ..executor import graph_executor as gx
 from ..ir.node import post_order
 from ..ir.schema import op_info
-from . import host_counts
+from . import host_counts, host_values
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor, make_tensor
 from .trace import check_host_arguments, trace
@@ -63,18 +63,17 @@ def read_int(t: LtcTensor, func: Any) -> int:
     return int(_read([t], func)[0].item())
 
 
-# Values already read, by the lazy value they were read from (its IR node and output) and what was
-# read: a mask used twice (`logits[mask]`, `labels[mask]`, the backward) has its count read once,
-# CTC lengths are read once for the loss and its backward.  Weak keys: nodes die with their step.
-_known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {(output, what): value}
-# ... and by how the value is computed (`_provenance`), across steps: a mask that a library
-# rebuilds every step from the same device data (PyG's self-loop mask of a fixed `edge_index`, a
-# padding mask of fixed labels) is read in the first step only.  Entries hold their leaves'
-# data weakly: a leaf that is gone (a parameter updated, a new batch) can never match again.
+# Values already read are kept by the lazy value they were read from (`host_values.py`): a mask
+# used twice (`logits[mask]`, `labels[mask]`, the backward) has its count read once, CTC lengths
+# are read once for the loss and its backward.  And by how the value is computed (`_provenance`),
+# across steps: a mask that a library rebuilds every step from the same device data (PyG's
+# self-loop mask of a fixed `edge_index`, a padding mask of fixed labels) is read in the first
+# step only.  Entries hold their leaves' data weakly: a leaf that is gone (a parameter updated, a
+# new batch) can never match again.
 _by_provenance: dict[tuple, tuple[Any, tuple]] = {}   # key -> (value, weakrefs of leaf data)
 _PROVENANCE_MAX_NODES = 2048      # larger graphs are not keyed (the walk would cost a trace)
 _PROVENANCE_MAX_ENTRIES = 1024
-_known_lock = threading.Lock()    # guards `_known` and `_by_provenance`
+_provenance_lock = threading.Lock()    # guards `_by_provenance`
 
 
 def _provenance(t: LtcTensor) -> tuple[tuple, list] | None:
@@ -103,16 +102,14 @@ def _provenance(t: LtcTensor) -> tuple[tuple, list] | None:
 
 def _recall(t: LtcTensor, what: str) -> tuple[Any, Any]:
     """(the value read before, or None; a token for `_remember`)."""
-    node, out = t._v
-    with _known_lock:
-        known = _known.get(node, {}).get((out, what))
+    known = host_values.get(t._v, what)
     if known is not None:
         return known, None
     prov = _provenance(t)
     if prov is None:
         return None, None
     key = (prov[0], what)
-    with _known_lock:
+    with _provenance_lock:
         hit = _by_provenance.get(key)
     if hit is not None and all(r() is not None for r in hit[1]):
         counters.counter("SizeReadReused")
@@ -122,29 +119,12 @@ def _recall(t: LtcTensor, what: str) -> tuple[Any, Any]:
 
 
 def _remember(t: LtcTensor, what: str, value: Any, token: Any) -> None:
-    node, out = t._v
-    with _known_lock:
-        _known.setdefault(node, {})[(out, what)] = value
-        if token is not None:
+    host_values.put(t._v, what, value)
+    if token is not None:
+        with _provenance_lock:
             if len(_by_provenance) >= _PROVENANCE_MAX_ENTRIES:
                 _by_provenance.clear()
             _by_provenance[token[0]] = (value, tuple(weakref.ref(d) for d in token[1]))
-
-
-@events.values_cut.subscribe
-def _keep_known(roots: list, data_nodes: list) -> None:
-    """A value read before a cut is the same value after it: a mask's count read in the forward
-    serves the backward's index ops also when the backward starts by cutting the forward
-    (`graph_executor.before_backward`)."""
-    if not _known:
-        return
-    with _known_lock:
-        for (node, out), data in zip(roots, data_nodes):
-            known = _known.get(node)
-            if known is not None:
-                mine = {(0, what): v for (o, what), v in known.items() if o == out}
-                if mine:
-                    _known.setdefault(data, {}).update(mine)
 
 
 def _op(func: Any, *args: Any, **kwargs: Any) -> Any:

@@ -15,23 +15,19 @@ every one of those masks is an exact integer function of the same small tensor (
 
 Exact by construction: only integer and boolean values flow through the replayed ops, with
 integer scalars, no random op; such ops give the same bits on every device.  Values are kept by
-IR node, weakly (they go with the step's graph: the next step's masks are new values; a mask
-rebuilt each step from the same data is recalled by `data_dependent._recall` instead), at most
-`_MAX_ELEMENTS` elements each.
-
-Thread safety: `_values` is guarded by `_lock`; a racing miss reads the same values twice.
+IR value in `host_values.py` (as "host": the whole tensor on the CPU), weakly: they go with the
+step's graph (the next step's masks are new values; a mask rebuilt each step from the same data
+is recalled by `data_dependent._recall` instead), at most `_MAX_ELEMENTS` elements each.
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import torch
 
-from ..base import events
 from ..ir.interpreter import Interpreter
 from ..ir.node import RNG, Node, Tag
+from . import host_values
 
 _EXACT_OPS = frozenset({
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor",
@@ -44,8 +40,6 @@ _MAX_ELEMENTS = 1 << 16
 _MAX_NODES = 64          # a mask computed by more ops than this is read as before
 _CPU = torch.device("cpu")
 
-_values: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # node -> {output: cpu tensor}
-_lock = threading.Lock()
 
 
 def _exact(node: Node) -> bool:
@@ -63,9 +57,7 @@ def _exact(node: Node) -> bool:
 
 
 def _known(value: tuple[Node, int]) -> torch.Tensor | None:
-    node, idx = value
-    with _lock:
-        return _values.get(node, {}).get(idx)
+    return host_values.get(value, "host")
 
 
 def count(c: Any) -> int | None:
@@ -126,20 +118,6 @@ def frontier(mask: Any) -> list[tuple[Node, int]]:
     return found
 
 
-@events.values_cut.subscribe
-def _keep_values(roots: list, data_nodes: list) -> None:
-    """Values read before a cut stay known after it, under the device data that now names them
-    (the backward's cut of the forward, `graph_executor.before_backward`)."""
-    if not _values:
-        return
-    with _lock:
-        for (node, idx), data in zip(roots, data_nodes):
-            h = _values.get(node, {}).get(idx)
-            if h is not None:
-                _values.setdefault(data, {})[0] = h
-
-
 def remember(values: list[tuple[Node, int]], hosts: list[torch.Tensor]) -> None:
-    with _lock:
-        for (node, idx), h in zip(values, hosts):
-            _values.setdefault(node, {})[idx] = h.cpu()   # a CUDA-backed device reads CUDA tensors
+    for v, h in zip(values, hosts):
+        host_values.put(v, "host", h.cpu())   # a CUDA-backed device reads CUDA tensors
