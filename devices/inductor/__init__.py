@@ -31,7 +31,9 @@ How a graph becomes an Inductor program:
    kernel from Python, taking the GIL back between kernels: a device worker running it
    contended with the tracing thread for the GIL at every kernel (measured: the overlapped
    steps of the compile path were ~12% slower than with the C++ wrapper), and its kernels,
-   each a separate shared library, took longer to build cold.
+   each a separate shared library, took longer to build cold.  The program returns its inputs
+   after its outputs (`_return_inputs`): the C++ wrapper would release each input at its last
+   use, and releasing a tensor Python holds takes the GIL, mid-program.
 
 Graphs drawing random numbers are not built (their seeds are runtime inputs that `make_fx`
 cannot take; Inductor would also draw other numbers): they stay on the quick tier.
@@ -92,13 +94,14 @@ class InductorProgram(Computation):
     """A graph's Inductor program; takes the graph's inputs in the quick tier's order."""
 
     def __init__(self, fn: Any, tensor_slots: list[int], lifted: list[int], baked: tuple, text: str,
-                 strides: Sequence[tuple[int, ...]]) -> None:
+                 strides: Sequence[tuple[int, ...]], n_outputs: int) -> None:
         self.fn = fn
         self.tensor_slots = tensor_slots    # positions of the tensor inputs among all inputs
         self.lifted = lifted                # positions of scalars passed as 0-dim float64 tensors
         self.baked = baked                  # (position, type, value) of scalars built in
         self.backend_text = text
         self.strides = list(strides)        # the tensor inputs' strides the kernels were built for
+        self.n_outputs = n_outputs          # the program returns its inputs after these (`_return_inputs`)
 
     def accepts(self, inputs: Sequence[Any]) -> bool:
         for i, t, v in self.baked:
@@ -120,7 +123,7 @@ class InductorProgram(Computation):
                 args[k] = _relayout(a, stride)
         if self.lifted:   # one tensor made, its elements passed (`_scalars`): ~2 us a scalar less
             args.extend(torch.tensor([inputs[i] for i in self.lifted], dtype=torch.float64).unbind())
-        return list(self.fn(*args))
+        return list(self.fn(*args)[:self.n_outputs])
 
 
 def _relayout(a: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
@@ -312,6 +315,7 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
             lifts_used = used
         examples = examples[:len(slots)] + _scalars([inputs[i] for i in lift_slots])
         _views_as_reshapes(gm)
+        n_outputs = _return_inputs(gm)
         patch = {"compile_threads": 1}
         if device.type == "cpu":
             patch["cpp_wrapper"] = True     # the whole program without the GIL (module note, 3.)
@@ -320,7 +324,24 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
         with inductor_config.patch(patch):
             fn = torch._inductor.compile(gm, examples)
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
-    return InductorProgram(fn, slots, lift_slots, baked, gm.code, [e.stride() for e in examples[:len(slots)]])
+    return InductorProgram(fn, slots, lift_slots, baked, gm.code, [e.stride() for e in examples[:len(slots)]],
+                           n_outputs)
+
+
+def _return_inputs(gm: torch.fx.GraphModule) -> int:
+    """Make the program return its inputs after its outputs (`InductorProgram.execute` drops
+    them); the number of real outputs.  Inductor's C++ wrapper runs without the GIL and releases
+    each input at its last use; the release of a tensor that Python owns takes the GIL (PyTorch
+    drops the Python object's reference), so the device worker stalled mid-program, for up to
+    `sys.getswitchinterval()` (5 ms) each time, while the tracing thread held the GIL.  Returned,
+    the inputs are released on return, with the GIL held (what the TorchScript lowering does)."""
+    graph = gm.graph
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outs = list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    out.args = (outs + inputs,)
+    gm.recompile()
+    return len(outs)
 
 
 def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
