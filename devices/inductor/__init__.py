@@ -254,6 +254,8 @@ class _LiftingInterpreter(Interpreter):
         else:
             if op in _SCALAR_TO_TENSOR and any(isinstance(a, _Lift) for a in pos_args):
                 op = _SCALAR_TO_TENSOR[op]
+                if len(pos_args) > 2:    # add/sub.Scalar's `alpha` is keyword-only in .Tensor
+                    pos_args, kw_args = pos_args[:2], {**kw_args, "alpha": pos_args[2]}
             pos_args = [a.tensor if isinstance(a, _Lift) else a for a in pos_args]
             kw_args = {k: (a.tensor if isinstance(a, _Lift) else a) for k, a in kw_args.items()}
             out = self._call(op, pos_args, kw_args)
