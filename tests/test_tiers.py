@@ -214,19 +214,22 @@ def test_a_growing_sequence_repeated_builds_a_few_of_its_lengths_and_buckets_all
     assert _counts()["TierUpCompile"] == 3
 
 
-@pytest.mark.parametrize("foreach", [None, False])
-def test_adamw_training_moves_to_inductor_although_its_scalars_change(foreach):
+@pytest.mark.parametrize("options", [{}, {"foreach": False}, {"fused": True}],
+                         ids=["foreach", "single_tensor", "fused"])
+def test_adamw_training_moves_to_inductor_although_its_scalars_change(options):
     """Adam's bias corrections and step size change every step; the top tier takes them as
     inputs (0-dim tensors), so the step is built once and keeps eager's values.  Without
     foreach (one parameter at a time) the step size reaches `add.Scalar` with its `alpha`
-    (the build once failed there: `add.Tensor` takes `alpha` by keyword only)."""
+    (the build once failed there: `add.Tensor` takes `alpha` by keyword only); fused, the step
+    is one `_fused_adamw` call, which Inductor's C++ wrapper cannot call (its build failed:
+    the tier now builds such a graph with the Python wrapper)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(7))
 
     def train(dev):
         m = copy.deepcopy(model).to(dev)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=foreach)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, **options)
         xs = x.to(dev)
         for i in range(12):
             opt.zero_grad()

@@ -323,8 +323,19 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
             patch["cpp_wrapper"] = True     # the whole program without the GIL (module note, 3.)
             if threads:
                 patch["cpp.threads"] = threads
-        with inductor_config.patch(patch):
-            fn = torch._inductor.compile(gm, examples)
+        try:
+            with inductor_config.patch(patch):
+                fn = torch._inductor.compile(gm, examples)
+        except Exception:
+            if not patch.get("cpp_wrapper"):
+                raise
+            # the C++ wrapper cannot call some fallback kernels (`_fused_adam`: "fallback
+            # kernels with runtime lookup currently only support tensor returns"); the Python
+            # wrapper can: the program then takes the GIL between kernels (the tier trial
+            # keeps it only if it is faster)
+            patch["cpp_wrapper"] = False
+            with inductor_config.patch(patch):
+                fn = torch._inductor.compile(gm, examples)
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
     return InductorProgram(fn, slots, lift_slots, baked, gm.code, [e.stride() for e in examples[:len(slots)]],
                            n_outputs)
