@@ -267,12 +267,35 @@ class _LiftingInterpreter(Interpreter):
             if op is torch.ops.aten._reshape_alias_copy.default:
                 args = args[:2]          # (self, size, stride): reshape takes the size
             return view(*args, **kwargs)
+        if op is torch.ops.aten._grouped_mm.default and args[0].dtype is not torch.bfloat16:
+            return _grouped_mm()(*args, **kwargs)
         return _without_alpha(op, args, kwargs)
 
     @staticmethod
     def _split(op: Any, args: list) -> tuple[list, dict]:
         pos, kw = op_info(op).split(args)
         return list(pos), dict(kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _grouped_mm() -> Any:
+    """`aten._grouped_mm` as an op Inductor calls as it is.  The CPU kernel computes float32 (a
+    Mixtral's experts in transformers), but the meta kernel that tracing runs demands bf16, as
+    CUDA's kernel does (the quick tier's shape inference takes eager's shapes there,
+    `tensor/shapes.py`); this op's fake kernel asks the meta kernel in bf16 and answers in the
+    inputs' dtype."""
+    @torch.library.custom_op("ltc_async::grouped_mm", mutates_args=())
+    def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.ops.aten._grouped_mm(a, b, offs, bias, out_dtype)
+
+    @grouped_mm.register_fake
+    def _(a, b, offs=None, bias=None, out_dtype=None):
+        bf16 = torch.bfloat16
+        out = torch.ops.aten._grouped_mm(a.to(bf16), b.to(bf16), offs,
+                                         None if bias is None else bias.to(bf16), None)
+        return out.new_empty(out.shape, dtype=out_dtype or a.dtype)
+    return torch.ops.ltc_async.grouped_mm.default
 
 
 def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
