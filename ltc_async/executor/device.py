@@ -126,6 +126,9 @@ class DeviceContext:
         generator (`next_seed`).  The set is changed only by its own thread (a thread id is
         added and removed around its recording); `register` reads it."""
         me = threading.get_ident()
+        if me in self._private:         # nested (a capture inside a capture): the outer ends it
+            yield
+            return
         self._private.add(me)
         try:
             yield
