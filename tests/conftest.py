@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 
 # Two virtual CPU devices unless the caller chose: multi-device behaviour is tested in-process.
@@ -152,8 +153,11 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
     return r.stdout
 
 
-def run_in_threads(fn, arg_lists: list[tuple], timeout: float) -> None:
-    """Run `fn(*args)` on one thread per entry; fail on a hang (deadlock) or on any exception."""
+def run_in_threads(fn, arg_lists: list[tuple], timeout: float,
+                   switch_interval: float | None = None) -> None:
+    """Run `fn(*args)` on one thread per entry; fail on a hang (deadlock) or on any exception.
+    `switch_interval`: Python's thread switch interval meanwhile (a short one makes the threads
+    interleave within a few milliseconds of work), restored after."""
     import threading
     errors: list[BaseException] = []
 
@@ -163,12 +167,39 @@ def run_in_threads(fn, arg_lists: list[tuple], timeout: float) -> None:
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=guarded, args=a, daemon=True) for a in arg_lists]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=timeout)
+    interval = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=timeout)
+    finally:
+        sys.setswitchinterval(interval)
     assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
     assert not errors, errors
+
+
+@contextlib.contextmanager
+def busy_python_thread():
+    """A thread running pure Python meanwhile (a training loop tracing its next step): it gives
+    the GIL up only when another thread has waited for it a switch interval."""
+    import threading
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.02)
+        yield
+    finally:
+        stop.set()
+        spinner.join()
 
 
 def heavy(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ltc_async as ltc
-from conftest import assert_eager, backing_ref, heavy, heavy_steps, run_in_threads
+from conftest import assert_eager, backing_ref, busy_python_thread, heavy, heavy_steps, run_in_threads
 from ltc_async.executor import arena
 
 
@@ -283,22 +283,10 @@ def test_a_busy_python_thread_does_not_stall_the_device_mid_graph():
     graph()
     ltc.mark_step()
     ltc.wait_device_ops()         # compiled and warm
-    stop = threading.Event()
-
-    def spin() -> None:           # pure Python: drops the GIL only when asked to
-        n = 0
-        while not stop.is_set():
-            n += 1
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    try:
-        time.sleep(0.02)
+    with busy_python_thread():
         y = graph()
         ltc.mark_step()
         ltc.wait_device_ops()
-    finally:
-        stop.set()
-        spinner.join()
     execute = ltc.metrics.metric_data("ExecuteTime")[2][-1]
     # Stalled: >= 23 waits of the switch interval (~115 ms); fixed: 3-4 (the return, and the
     # worker's own Python code handing the GIL to the spinner each interval)

@@ -7,7 +7,6 @@ uncompiled on `ltc`) and compares values; counters show that graph calls were ca
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 
 import pytest
@@ -403,12 +402,9 @@ def test_a_thread_compiling_beside_another_that_steps_the_same_device():
             ltc.mark_step(["ltc:0"])
             n += 1
         seen["y"], seen["n"] = y.cpu(), n
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)     # the threads interleave within the capture's few ms
-    try:
-        run_in_threads(lambda k: compiles() if k == 0 else steps(), [(0,), (1,)], timeout=300)
-    finally:
-        sys.setswitchinterval(interval)
+    # the threads interleave within the capture's few ms
+    run_in_threads(lambda k: compiles() if k == 0 else steps(), [(0,), (1,)], timeout=300,
+                   switch_interval=1e-5)
     for x, out in zip(xs, seen["out"]):
         torch.testing.assert_close(out, body(x, w))
     torch.testing.assert_close(seen["y"], torch.full((3,), 1.0 + seen["n"]))
@@ -438,12 +434,8 @@ def test_random_draws_of_a_thread_beside_a_capture_never_repeat():
         while not done.is_set() or len(draws) < 3:
             draws.append(torch.rand(64, device="ltc:0"))
             ltc.mark_step(["ltc:0"])
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        run_in_threads(lambda k: compiles() if k == 0 else draws_numbers(), [(0,), (1,)], timeout=300)
-    finally:
-        sys.setswitchinterval(interval)
+    run_in_threads(lambda k: compiles() if k == 0 else draws_numbers(), [(0,), (1,)], timeout=300,
+                   switch_interval=1e-5)
     values = {tuple(d.cpu().tolist()) for d in draws}
     assert len(values) == len(draws), f"{len(draws) - len(values)} of {len(draws)} draws repeated"
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
-import threading
 import time
 import warnings
 
 import pytest
 import torch
+from conftest import busy_python_thread
 from ltc_async_devices import inductor
 
 import ltc_async as ltc
@@ -342,22 +342,10 @@ def test_a_busy_python_thread_does_not_stall_a_top_tier_program():
         ltc.mark_step()
     ltc.debug.wait_compiles(600)
     before = _counts()["TierUpRun"]
-    stop = threading.Event()
-
-    def spin() -> None:           # pure Python: drops the GIL only when asked to
-        n = 0
-        while not stop.is_set():
-            n += 1
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    try:
-        time.sleep(0.02)
+    with busy_python_thread():
         y = chain(lazy)
         ltc.mark_step()
         ltc.wait_device_ops()
-    finally:
-        stop.set()
-        spinner.join()
     assert _counts()["TierUpRun"] == before + 1, "the graph did not run on the top tier"
     execute = ltc.metrics.metric_data("ExecuteTime")[2][-1]
     # stalled: about one wait of the switch interval per input (~75 ms); fixed: a few (the
