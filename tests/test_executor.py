@@ -132,6 +132,45 @@ def test_two_virtual_cpu_devices_from_environment():
     assert run_python(code, env).strip() == "ok"
 
 
+_OMP_HELPERS = """
+import os, time, torch, ltc_async as ltc
+torch.set_num_threads(2)
+x = torch.randn(512, 512)
+x @ x                                   # the user's own thread has its OpenMP helpers
+def threads():
+    return len(os.listdir("/proc/self/task"))
+(torch.ones(2, device="ltc:0") + 1).cpu()    # the device's threads are up, nothing parallel yet
+time.sleep(0.2)
+before = threads()
+w = x.to("ltc:0")
+y = ((w @ w).relu() @ w).sum().item()        # a parallel execution on the device's worker
+during = threads()
+time.sleep(float(os.environ["LTC_ASYNC_OMP_IDLE"] or 0) + 1.0)
+after = threads()
+assert abs(y - ((x @ x).relu() @ x).sum().item()) <= 1e-3 * abs(y)
+ltc.wait_device_ops()
+print(before, during, after)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="counts the threads in /proc; needs 2 cores for a parallel worker")
+def test_an_idle_cpu_device_gives_its_openmp_threads_back():
+    """A user who trains on `ltc:0` and then runs eager CPU code: once the device has nothing to
+    do, its worker's OpenMP helpers exit (libgomp sleeps at every barrier while the process has
+    more OpenMP threads than cores: eager code beside an idle device ran up to 3.6x slower)."""
+    from ltc_async.base import openmp
+    if openmp._pause() is None:
+        pytest.skip("the OpenMP runtime torch loaded is not libgomp")
+    env = dict(os.environ, LTC_ASYNC_DEVICES="cpu", LTC_ASYNC_CPU_THREADS="2", LTC_ASYNC_OMP_IDLE="0.5")
+    before, during, after = map(int, run_python(_OMP_HELPERS, env).split())
+    assert during > before and after == before, (before, during, after)
+    # with the release turned off, the helpers stay for good (what every process had before)
+    env["LTC_ASYNC_OMP_IDLE"] = "0"
+    before, during, after = map(int, run_python(_OMP_HELPERS, env).split())
+    assert during > before and after == during, (before, during, after)
+
+
 def test_metrics_api(metrics):
     x = torch.randn(4).to("ltc:0")
     y = torch.relu(x) + 1

@@ -15,6 +15,16 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
 @dataclass
 class Config:
     #: backend package under `ltc_async_devices` (the repository's `devices/` folder)
@@ -35,6 +45,9 @@ class Config:
     salvage: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_SALVAGE", 1) != 0)
     #: intra-op threads for each CPU device worker (0: torch's default split, see README)
     cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
+    #: seconds a worker thread (device, compiler, tier-up) stays idle before it frees its OpenMP
+    #: helper threads (0: never; see `base/openmp.py`)
+    omp_idle_s: float = field(default_factory=lambda: _env_float("LTC_ASYNC_OMP_IDLE", 0.02))
     #: the garbage collector's young-generation threshold while ltc devices are in use
     #: (raised to this when lower; 0 leaves Python's setting alone; see `arena.tune_gc`)
     gc_threshold: int = field(default_factory=lambda: _env_int("LTC_ASYNC_GC_THRESHOLD", 20000))

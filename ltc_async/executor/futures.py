@@ -23,7 +23,9 @@ yield, so a trio task cancelled at a yield leaves nothing behind.
 
 A `Worker` is one daemon thread running closures in FIFO order.  Nothing a closure or a
 done-callback raises can kill it: closures report through their future, callbacks are guarded
-by `concurrent.futures` (and by the worker loop as a last resort).
+by `concurrent.futures` (and by the worker loop as a last resort).  Idle for
+`config.omp_idle_s` after some work, it frees its OpenMP helper threads (`base/openmp.py`: an
+idle device worker's helpers made every parallel region of the user's eager code pay wake-ups).
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ import time
 from collections.abc import Generator
 from typing import Any, Callable, Iterable, TypeVar
 
+from ..base import openmp
+from ..base.config import config
 from ..base.errors import strip_frames  # noqa: F401 - re-exported
 from ..ir.interpreter import Failed
 from ..ir.node import TensorMeta
@@ -340,10 +344,21 @@ class Worker:
                 self._init()
             except BaseException:  # noqa: BLE001 - a bad init must not stop the queue
                 _log.exception("ltc_async: worker %s failed to initialize", self.name)
+        ran = False
         while True:
-            item = self._queue.get()
+            idle = config.omp_idle_s
+            if ran and idle > 0:   # idle that long after some work: give the OpenMP helpers back
+                try:
+                    item = self._queue.get(timeout=idle)
+                except queue.Empty:
+                    ran = False
+                    self._release_openmp()
+                    item = self._queue.get()
+            else:
+                item = self._queue.get()
             if item is None:
                 return
+            ran = True
             fn, future = item
             if self._stopping:
                 future.cancel()  # shutdown after Ctrl-C: waiters see it cancelled, never hang
@@ -358,6 +373,12 @@ class Worker:
             del fn, item
             self._complete(future, *outcome)
             del future, outcome
+
+    def _release_openmp(self) -> None:
+        try:
+            openmp.release()
+        except BaseException:  # noqa: BLE001 - the worker must survive anything
+            _log.exception("ltc_async: worker %s could not release its OpenMP threads", self.name)
 
     @staticmethod
     def _complete(future: cf.Future, result: Any, error: BaseException | None) -> None:
