@@ -139,7 +139,9 @@ x = torch.randn(512, 512)
 x @ x                                   # the user's own thread has its OpenMP helpers
 def threads():
     return len(os.listdir("/proc/self/task"))
-(torch.ones(2, device="ltc:0") + 1).cpu()    # the device's threads are up, nothing parallel yet
+a = torch.ones(2, device="ltc:0") + 1
+ltc.mark_step()
+ltc.wait_device_ops()                   # the device's threads are up, nothing parallel yet
 time.sleep(0.2)
 before = threads()
 w = x.to("ltc:0")
