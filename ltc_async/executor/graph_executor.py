@@ -444,6 +444,9 @@ def _read_on_host(tensors: Sequence[Any], order: list[Node], roots: list[tuple[N
     except Exception:  # noqa: BLE001 - an op that fails (an index out of range) is reported as
         return _read_scheduled(tensors)   # any execution's failure is: the usual read does it
     counters.counter("HostEvaluatedRead")
+    for t, v in zip(tensors, out):   # the read tensors hold their values from now on, as after a cut
+        meta = t._v[0].outputs[t._v[1]]
+        ctx.rebind(t, (make_data_node(BackendData(ctx, meta, value=ctx.backend.from_torch(v, ctx.backend_device)), meta), 0))
     raise_errors([(ctx, max((d.seq for d in leaves), default=0))])   # what the usual read covers
     return [ctx.backend.to_torch(v) for v in out]
 
