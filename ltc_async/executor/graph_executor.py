@@ -374,7 +374,11 @@ def _read_scheduled(tensors: Sequence[Any]) -> list[Any]:
 # stream).  Cheap matters: a live tensor in the expression stays pending and is computed again
 # at the next cut, so the usual read, which materializes it, is kept for real work -- a loop
 # that reads `state.argmax()` after `state = tanh(state @ w)` must not redo its matmuls.  A
-# failing op or a failed input takes the usual read, which reports it as any execution's.
+# failing op or a failed input takes the usual read, which reports it as any execution's.  The
+# read tensors then hold their values as device data, as after a cut: a read result that
+# outlived its line (`not (ids < 0).any()` in generate()) was swept pending into the next graph,
+# and a second generate() call compiled one graph more.  Temporaries inside the expression that
+# outlive it the same way would be swept in too; none were seen.
 _HOST_NODES = 16
 _HOST_NUMEL = 1 << 12
 _HOST_REDUCTIONS = frozenset({"all", "any", "sum", "max", "min", "amax", "amin"})
