@@ -48,14 +48,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-import torch
-
 from ..base import counters, events
 from ..base.callsite import caller_location
 from ..base.config import config
 from ..ir.interpreter import Interpreter
-from ..ir.node import DEVICE_DATA, RNG, Node, TensorMeta, make_data_node, post_order
-from ..ir.schema import op_info
+from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
 from . import compiler
 from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
 from .device import DeviceContext, lock_devices, raise_errors
@@ -331,7 +328,7 @@ def materialize(tensors: Sequence[Any]) -> Steps:
     return collect(tensors)
 
 
-def read(tensors: Sequence[Any], small: bool = False) -> list[Any]:
+def read(tensors: Sequence[Any]) -> list[Any]:
     """A host read (`.item()`, `.cpu()`, `print`, an eager fallback's inputs, a transfer).
 
     Unlike `materialize`, it schedules *every live tensor* of the devices read, as `mark_step`
@@ -339,17 +336,7 @@ def read(tensors: Sequence[Any], small: bool = False) -> list[Any]:
     the live tensors that share its graph pending, and their shared part would run again at
     the next cut: a `generate()` loop reading each new token re-ran all earlier tokens' work
     (the KV cache stayed pending), and an eager fallback mid-forward re-ran the forward.  The
-    graph this cuts depends on the live tensors, which a loop repeats, so it is cached.
-
-    `small`: the caller reads values only (`.item()`, `bool(t)`), not storage; a small cheap
-    expression over device data is then computed here and cuts nothing (see `_host_op`)."""
-    expression = _small_expression(tensors) if small else None
-    if expression is not None:
-        return _read_on_host(tensors, *expression)
-    return _read_scheduled(tensors)
-
-
-def _read_scheduled(tensors: Sequence[Any]) -> list[Any]:
+    graph this cuts depends on the live tensors, which a loop repeats, so it is cached."""
     # only devices where a read tensor is still pending: reading device data (an older value,
     # from a closure or another thread) must not cut another thread's half-traced step
     groups = {t._ctx: None for t in tensors if not t._v[0].is_data}
@@ -361,98 +348,6 @@ def _read_scheduled(tensors: Sequence[Any]) -> list[Any]:
             ctx.read_since_backward = True
     wait_all(needed(tensors))
     return collect(tensors)
-
-
-# A read of a small, cheap expression over device data -- `t1 >= t[j]` over an ODE solver's
-# time grid, `step == 0`, a few entries of a parameter -- is computed on the reading thread, from
-# the data, by the IR interpreter (the same aten ops a program would run), and cuts nothing.
-# Through the usual read it cut every live tensor of the device: torchdiffeq reads its time grid
-# ~27 times per training step, and each read cut the solver's pending state into one more graph
-# (27 executions and host round trips per step, 8.3x eager).  Only cheap ops (views, pointwise
-# ops, factories, small reductions: `_host_op`), with small outputs, a few nodes, no random
-# draws or captured bodies, on CPU-backed devices (a CUDA backing's data belongs to the worker's
-# stream).  Cheap matters: a live tensor in the expression stays pending and is computed again
-# at the next cut, so the usual read, which materializes it, is kept for real work -- a loop
-# that reads `state.argmax()` after `state = tanh(state @ w)` must not redo its matmuls.  A
-# failing op or a failed input takes the usual read, which reports it as any execution's.  The
-# read tensors then hold their values as device data, as after a cut: a read result that
-# outlived its line (`not (ids < 0).any()` in generate()) was swept pending into the next graph,
-# and a second generate() call compiled one graph more.  Temporaries inside the expression that
-# outlive it the same way would be swept in too; none were seen.
-_HOST_NODES = 16
-_HOST_NUMEL = 1 << 12
-_HOST_REDUCTIONS = frozenset({"all", "any", "sum", "max", "min", "amax", "amin"})
-_HOST_FACTORIES = frozenset({"arange", "full", "zeros", "ones", "scalar_tensor", "lift_fresh_copy",
-                             "clone", "_to_copy", "select_scatter", "slice_scatter"})
-_host_ok: dict[Any, bool] = {}
-
-
-def _host_op(op: Any) -> bool:
-    """Is `op` cheap enough to run on the reading thread (see above)?"""
-    ok = _host_ok.get(op)
-    if ok is None:
-        name = op._schema.name.split("::")[-1] if hasattr(op, "_schema") else ""
-        ok = _host_ok[op] = bool(name) and (
-            torch.Tag.pointwise in op.tags or op_info(op).compiled_as is not op
-            or name in _HOST_REDUCTIONS or name in _HOST_FACTORIES)
-    return ok
-
-
-def _small_expression(tensors: Sequence[Any]) -> tuple[list[Node], list[tuple[Node, int]]] | None:
-    """(post-order, roots) when every read tensor is a small device-data-only expression on a
-    CPU-backed device, else None."""
-    roots = []
-    ctx = tensors[0]._ctx if tensors else None
-    for t in tensors:
-        node = t._v[0]
-        if node.is_data or t._ctx is not ctx or ctx.backend_device.type != "cpu":
-            return None
-        roots.append((node, t._v[1]))
-    order = post_order([n for n, _ in roots])
-    if len(order) > _HOST_NODES:
-        return None
-    for n in order:
-        if n.op is DEVICE_DATA:
-            if n.data is None:
-                return None
-        elif not _host_op(n.op) or any(
-                type(e) is tuple and e and e[0] is RNG for e in n.template) or any(
-                _numel(m.shape) > _HOST_NUMEL for m in n.outputs):
-            return None
-    return order, roots
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
-
-
-def _read_on_host(tensors: Sequence[Any], order: list[Node], roots: list[tuple[Node, int]]) -> list[Any]:
-    """`read` of a small expression (`_small_expression`): wait for the data it reads, run it here."""
-    ctx = tensors[0]._ctx
-    leaves = [n.data for n in order if n.op is DEVICE_DATA]
-    wait_all([f for f in (d.future for d in leaves) if f is not None])
-    values: list[Any] = []      # the program's inputs: post-order, data and scalars interleaved
-    for n in order:
-        if n.op is DEVICE_DATA:
-            v = n.data.resolve()
-            if type(v) is Failed:   # the usual read raises it, naming the execution that failed
-                return _read_scheduled(tensors)
-            values.append(v)
-        else:
-            values.extend(n.scalars)
-    try:
-        out = Interpreter(order, roots, ctx.backend_device).execute(values)
-    except Exception:  # noqa: BLE001 - an op that fails (an index out of range) is reported as
-        return _read_scheduled(tensors)   # any execution's failure is: the usual read does it
-    counters.counter("HostEvaluatedRead")
-    for t, v in zip(tensors, out):   # the read tensors hold their values from now on, as after a cut
-        meta = t._v[0].outputs[t._v[1]]
-        ctx.rebind(t, (make_data_node(BackendData(ctx, meta, value=ctx.backend.from_torch(v, ctx.backend_device)), meta), 0))
-    raise_errors([(ctx, max((d.seq for d in leaves), default=0))])   # what the usual read covers
-    return [ctx.backend.to_torch(v) for v in out]
 
 
 def before_backward(ctxs: Sequence[DeviceContext]) -> None:

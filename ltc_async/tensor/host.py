@@ -139,10 +139,8 @@ def transfer(src: LtcTensor, dst: DeviceContext) -> LtcTensor:
     return make_tensor(dst, make_data_node(out, meta), 0, meta)
 
 
-def _materialize_args(args: Any, kwargs: dict, values_only: bool = False) -> tuple[Any, dict, DeviceContext | None]:
-    """Replace lazy tensors by backend `torch.Tensor`s, syncing what is pending.  `values_only`:
-    the caller reads values, not storage (`gx.read`'s small expressions may then be computed on
-    the host)."""
+def _materialize_args(args: Any, kwargs: dict) -> tuple[Any, dict, DeviceContext | None]:
+    """Replace lazy tensors by backend `torch.Tensor`s, syncing what is pending."""
     found: list[LtcTensor] = []
 
     def collect(v: Any) -> None:
@@ -155,7 +153,7 @@ def _materialize_args(args: Any, kwargs: dict, values_only: bool = False) -> tup
         collect(v)
     for v in kwargs.values():
         collect(v)
-    values = [eager_layout(v, t._m) for t, v in zip(found, gx.read(found, small=values_only))]
+    values = [eager_layout(v, t._m) for t, v in zip(found, gx.read(found))]
     mapping = {id(t): v for t, v in zip(found, values)}
     ctx = found[0]._ctx if found else None
 
@@ -216,7 +214,7 @@ def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     """Ops whose result is not a tensor (`.item()`, `bool(t)`, `equal`): a data-dependent sync."""
     counters.counter("DataDependentSync")
     events.host_read(func)   # findings (user line); the sync guard
-    hargs, hkwargs, ctx = _materialize_args(args, kwargs, values_only=True)
+    hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     if ctx is not None:
         counters.round_trip("read", info.name)
     out = func(*hargs, **hkwargs)

@@ -86,12 +86,6 @@ def test_torchdiffeq_neural_ode_trains_like_eager(solver):
     trips = report(f"torchdiffeq {solver}")
     if not adjoint:   # fixed steps: no size reads; the reads are the solver comparing `t` values and the loss
         assert set(trips) <= {"read::_local_scalar_dense", "read::_to_copy"}
-        # the solver's ~27 reads of `t` per step (small expressions over device data) are answered
-        # on the host and cut nothing: each step runs as its forward and its backward with the
-        # update (it was one graph per read), plus the final read of the parameters
-        executions = ltc.metrics.metric_data("ExecuteTime")[0]
-        assert executions <= 3 * 2 + 1, executions
-        assert (ltc.metrics.counter_value("HostEvaluatedRead") or 0) >= 3 * 20
 
 
 # -- torch_geometric ---------------------------------------------------------------------------------
