@@ -9,7 +9,7 @@ N - 1 helpers beside the pool of the user's own thread: from the device's first 
 execution on, the process had more OpenMP threads than cores, for good, and the user's eager
 CPU code beside an idle ltc device ran up to 3.6x slower (a mixture-of-experts training step on
 `cpu`: 1.65 ms alone, 5.9 ms once an `ltc:0` model had taken a few steps; measured on 2 cores,
-`benchmarks/README.md`, "OpenMP helpers").
+`benchmarks/README.md`, "OpenMP helpers of an idle device").
 
 So a `Worker` thread that has been idle for `config.omp_idle_s` (20 ms; `LTC_ASYNC_OMP_IDLE`)
 calls `release()`: OpenMP 5.0's `omp_pause_resource_all(omp_pause_soft)`, which in libgomp frees
