@@ -275,7 +275,9 @@ def _factory_ops() -> list[tuple[str, Any]]:
 
 def _factory_kernel(op: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return _privateuse1_fallback(op, *args, **kwargs)
+        # a factory takes no tensor: nothing to unwrap (`_privateuse1_fallback`), ~3 us less
+        out = dispatch(op, args, kwargs)
+        return out if _below_functionalization() else _wrap_result(out)
     return kernel
 
 
