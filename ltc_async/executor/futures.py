@@ -346,16 +346,13 @@ class Worker:
                 _log.exception("ltc_async: worker %s failed to initialize", self.name)
         ran = False
         while True:
-            idle = config.omp_idle_s
-            if ran and idle > 0:   # idle that long after some work: give the OpenMP helpers back
-                try:
-                    item = self._queue.get(timeout=idle)
-                except queue.Empty:
-                    ran = False
-                    self._release_openmp()
-                    item = self._queue.get()
-            else:
-                item = self._queue.get()
+            idle = config.omp_idle_s if ran else 0   # after some work: wait that long, then
+            try:                                     # give the OpenMP helpers back
+                item = self._queue.get(timeout=idle if idle > 0 else None)
+            except queue.Empty:
+                ran = False
+                self._release_openmp()
+                continue
             if item is None:
                 return
             ran = True

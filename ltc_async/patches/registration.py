@@ -276,8 +276,7 @@ def _factory_ops() -> list[tuple[str, Any]]:
 def _factory_kernel(op: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         # a factory takes no tensor: nothing to unwrap (`_privateuse1_fallback`), ~3 us less
-        out = dispatch(op, args, kwargs)
-        return out if _below_functionalization() else _wrap_result(out)
+        return _dispatch_wrapped(op, args, kwargs)
     return kernel
 
 
@@ -316,12 +315,14 @@ def _privateuse1_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     # Calls made below functionalization's key with the user's tensors reach this fallback with
     # the functional wrappers themselves: `torch.tensor([a, b])` of 0-dim ltc tensors reads each
     # with `_local_scalar_dense` that way (which looped back here until the recursion limit)
-    args = tuple(_inner(a) for a in args)
-    kwargs = {k: _inner(v) for k, v in kwargs.items()}
+    return _dispatch_wrapped(op, tuple(_inner(a) for a in args), {k: _inner(v) for k, v in kwargs.items()})
+
+
+def _dispatch_wrapped(op: Any, args: tuple, kwargs: dict) -> Any:
+    """`op` on inner tensors, its result as the caller expects it: as it is for
+    functionalization's redispatch (which wraps it itself), else wrapped."""
     out = dispatch(op, args, kwargs)
-    if _below_functionalization():
-        return out  # called from inside functionalization: it wraps the result itself
-    return _wrap_result(out)
+    return out if _below_functionalization() else _wrap_result(out)
 
 
 def _below_functionalization() -> bool:
