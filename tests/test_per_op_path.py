@@ -100,7 +100,9 @@ def _node_summary(t):
 
 @pytest.mark.parametrize("case", ["add_alpha", "mul_scalar", "wrapped_number", "layer_norm",
                                   "view", "clamp", "sum_dim", "addmm", "where", "int_pow",
-                                  "arange", "full", "empty", "clone_same", "clone_contiguous"])
+                                  "arange", "full", "empty", "clone_same", "clone_contiguous",
+                                  "float_number", "int_number", "bool_number", "number_first",
+                                  "int64_edge"])
 def test_plans_build_the_node_the_generic_trace_builds(case):
     """Per-overload plans (trace.make_plan) and `trace` must make identical nodes."""
     from ltc_async.tensor import dispatch as d
@@ -126,6 +128,12 @@ def test_plans_build_the_node_the_generic_trace_builds(case):
             "empty": lambda: torch.empty(3, 4, device="ltc:0").fill_(2.0),
             "clone_same": lambda: (x * 2).clone(),
             "clone_contiguous": lambda: (x * 2).t().contiguous(),
+            # Python numbers in Tensor slots (eager's wrapped numbers reach the op path as numbers)
+            "float_number": lambda: x * 0.5,
+            "int_number": lambda: (x + 1) / 3,
+            "bool_number": lambda: x * True,
+            "number_first": lambda: torch.where(x > 3, 2.5, x),
+            "int64_edge": lambda: i * (2 ** 62),
         }[case]()
 
     first = program()          # fills the shape cache

@@ -528,6 +528,12 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                         f"        if stand_ins and id({a}) in stand_ins:",   # a wrapped number: patches/seam.py
                         f"            return _trace(func, info, {full})",
                         f"        {e} = _UP"]
+            # a Python number where the schema says Tensor (`x * 0.5`, `x + 1`: eager's wrapped
+            # number reaches `__torch_dispatch__` as the number): a runtime scalar, as in `trace`
+            src += [f"    elif type({a}) is float or (type({a}) is int and -_INT64 <= {a} < _INT64):",
+                    f"        t = type({a})",
+                    f"        {e} = _SREFS[t][len(sc)] if len(sc) < 64 else (SCALAR, len(sc), t)",
+                    f"        sc.append({a})"]
             src += ["    else:",
                     f"        return _trace(func, info, {full})"]
         elif k == CONST:
