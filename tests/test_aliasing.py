@@ -560,3 +560,86 @@ def test_out_variants_and_grad_modes_match_eager():
     v = torch.zeros(2, 2, device="ltc:0").requires_grad_()
     (v * la[:2, :2]).sum().backward()
     torch.testing.assert_close(v.grad.cpu(), a[:2, :2])
+
+
+# -- the same in-place call again and again (after its first call per signature, the op path
+# skips functionalization's kernel: patches/seam.py, "in-place ops on ltc tensors")
+
+def _message_passing_steps(dev):
+    """PyG's sum aggregation and GCN normalization, as a training loop runs them: the same
+    in-place calls (`scatter_add_`, `pow_`, `masked_fill_`, `index_add_`, `add_` through a view)
+    every step, under autograd, with an optimizer writing the weights in place."""
+    g = torch.Generator().manual_seed(0)
+    x, ei = torch.randn(20, 8, generator=g), torch.randint(0, 20, (2, 60), generator=g)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4)
+    x, ei, lin = x.to(dev), ei.to(dev), lin.to(dev)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, foreach=False)   # per-tensor add_ writes
+    out = []
+    for _ in range(4):
+        opt.zero_grad()
+        deg = torch.zeros(20, device=dev).scatter_add_(0, ei[1], torch.ones(60, device=dev))
+        norm = deg.pow_(-0.5)
+        norm.masked_fill_(norm == float("inf"), 0)
+        h = lin(x)
+        msg = h[ei[0]] * (norm[ei[0]] * norm[ei[1]]).unsqueeze(-1)
+        agg = torch.zeros(20, 4, device=dev).index_add_(0, ei[1], msg)
+        agg[:, 0].add_(1.0)                    # a write through a view of a fresh tensor
+        loss = agg.square().mean()
+        loss.backward()
+        opt.step()
+        if dev != "cpu":
+            ltc.mark_step()
+        out.append(loss.detach())
+    return [*out, lin.weight.detach(), lin.bias.detach(), norm]
+
+
+def test_repeated_in_place_ops_under_autograd_match_eager():
+    assert_same(_host(_message_passing_steps(DEV)), _host(_message_passing_steps("cpu")))
+
+
+def test_repeated_in_place_errors_are_raised_every_time_and_leave_the_target_as_it_was():
+    x = torch.ones(3, 4, device=DEV)
+    i = torch.zeros(3, dtype=torch.long, device=DEV)
+    for _ in range(3):
+        x.add_(torch.ones(4, device=DEV))           # the signature passes, then the bad call
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+            x.add_(torch.ones(2, 3, 4, device=DEV))
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            i.add_(1.5)
+    torch.testing.assert_close(x.cpu(), torch.full((3, 4), 4.0))
+    assert i.cpu().tolist() == [0, 0, 0]
+
+
+def test_repeated_in_place_writes_through_views_reach_every_alias():
+    def prog(dev, step):
+        x = rn(4, 6).to(dev)
+        v = x[1:3]                                  # a view written many times
+        vt = x.t()                                  # another alias, read after
+        for k in range(5):
+            v.mul_(1.5)
+            x[:, k].add_(k)
+            step()
+        return x, v, vt.contiguous()
+    for kind in STEPS:
+        run_compare(prog, kind)
+
+
+def test_a_dispatch_mode_sees_the_functional_op_of_a_repeated_in_place_call():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    x = torch.zeros(5, device=DEV)
+    for _ in range(3):
+        x.add_(1)                                   # the signature is known
+    with Seen() as seen:
+        x.add_(1)
+    assert any("add" in op for op in seen.ops), seen.ops
+    assert x.cpu().tolist() == [4.0] * 5

@@ -48,7 +48,7 @@ _lib: Any = None
 _PASSED = object()
 _KeySet = torch._C.DispatchKeySet
 _META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
-_UNCACHED = ("aten::set_", "aten::resize", "aten::as_strided", "aten::_resize")
+UNCACHED = ("aten::set_", "aten::resize", "aten::as_strided", "aten::_resize")
 
 
 def ensure(name: str) -> None:
@@ -78,7 +78,7 @@ def _returns(schema: Any) -> tuple[int, ...] | None:
 
 def _install(name: str) -> Any:
     global _lib
-    if name.startswith(_UNCACHED):
+    if name.startswith(UNCACHED):
         return None
     op, _, overload = name.partition(".")
     try:

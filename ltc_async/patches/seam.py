@@ -51,8 +51,10 @@ import torch.nn.functional as F
 from ..base import counters
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas, op_info
+from ..tensor.dispatch import dispatch
+from ..tensor.lazy_tensor import LtcTensor, unwrap
 from ..tensor.lazy_tensor import tensors_in as _tensors
-from ..tensor.lazy_tensor import unwrap
+from ..tensor.shapes import signature
 from ..tensor.trace import stand_ins
 from . import inplace, meta_checks
 
@@ -110,15 +112,19 @@ def _scalar_sibling(name: str, numbers: tuple) -> str | None:
     return _siblings[key]
 
 
+def _numbers_in_tensor_slots(args: tuple, kwargs: dict, slots: tuple) -> tuple:
+    return tuple(i for i, name in slots
+                 if (i < len(args) and type(args[i]) in _WRAPPED_DTYPE)
+                 or (i >= len(args) and type(kwargs.get(name)) in _WRAPPED_DTYPE))
+
+
 def _call(op: str, ks: Any, args: tuple, kwargs: dict, slots: tuple, lazy: bool = False) -> Any:
     """The original Functionalize kernel of `op` (a qualified name).  A number in a Tensor slot (which
     `call_boxed` refuses) goes to the overload taking a Scalar there (`add_.Scalar`: what eager's
     wrapped numbers mean); without one, it is passed as a 0-dim host tensor of its wrapped
     dtype, a stand-in for calls on `ltc` tensors.  `lazy`: it writes ltc tensors, so its meta
     check is cached (`meta_checks.py`)."""
-    numbers = tuple(i for i, name in slots
-                    if (i < len(args) and type(args[i]) in _WRAPPED_DTYPE)
-                    or (i >= len(args) and type(kwargs.get(name)) in _WRAPPED_DTYPE))
+    numbers = _numbers_in_tensor_slots(args, kwargs, slots)
     target = op if not numbers else (_scalar_sibling(op, numbers) or op)
     if lazy:
         meta_checks.ensure(target)
@@ -230,6 +236,9 @@ def _kernel(schema: Any) -> Callable[..., Any]:
     kwarg_only = {a.name for a in schema.arguments if a.kwarg_only}
     out_arg = written[0][1] if len(written) == 1 and written[0][1] in kwarg_only else None
     op: list = []   # the OpOverload, made on the first seam call (not at import: 1200 of them)
+    # `self.op_(...)` returning `self`, nothing else written: the fast path below may take it
+    writes_self = written == ((0, "self"),) and len(schema.returns) == 1 and \
+        schema.returns[0].alias_info is not None and out_arg is None
 
     def kernel(ks: Any, *args: Any, **kwargs: Any) -> Any:
         for i, arg in written:
@@ -251,6 +260,8 @@ def _kernel(schema: Any) -> Callable[..., Any]:
                 if not op:
                     op.append(_overload(name))
                 _check_out_overlap(op[0], out_arg, args, kwargs)
+            if lazy and writes_self:
+                return _write_self(name, ks, args, kwargs, slots)
             return _call(name, ks, args, kwargs, slots, lazy=lazy)
         if not op:
             op.append(_overload(name))
@@ -259,6 +270,129 @@ def _kernel(schema: Any) -> Callable[..., Any]:
             return _call(name, ks, args, kwargs, slots)   # not ours: PyTorch's own answer
         return _seam(op[0], info, args, kwargs)
     return kernel
+
+
+# -- in-place ops on `ltc` tensors, after their first call per signature -----------------------
+#
+# Functionalization's kernel for `x.op_(...)` runs the op on meta copies of the arguments (a
+# check; `meta_checks.py` caches its verdict), calls the functional `op` on the unwrapped
+# arguments through the dispatcher, and makes `x` take the result (`replace_`, `commit_update`,
+# `sync`).  Once a signature (`shapes.signature` of every argument: what the meta check can see)
+# has passed that path, later calls with the same signature skip the check and the dispatcher:
+# the functional op goes straight into the op path (`dispatch`), and `x` takes the result by the
+# same three calls.  The node traced, the wrapper's state and autograd's (recorded above this
+# key, by the same C++ kernels as before) are what the full path gives.  Taken only when every
+# tensor argument is an `ltc` tensor, no Python dispatch mode is active (a mode must see the
+# functional op) and the op has a functional twin with the same arguments; anything else, and
+# every first call, takes functionalization's own kernel.
+#
+# Thread safety: `_verified` and `_twins` are plain dicts of values computed from their keys alone
+# (a racing miss runs the full path twice and stores the same entry).
+
+_verified: dict[tuple, Any] = {}   # signature -> the functional twin to call
+_VERIFIED_MAX = 1 << 14
+_twins: dict[str, Any] = {}        # in-place overload name -> its functional twin, or None
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_from_functional = torch._from_functional_tensor
+_fsync = torch._functionalize_sync
+_freplace = torch._functionalize_replace
+_fcommit = torch._functionalize_commit_update
+
+
+def _functional_twin(name: str) -> Any:
+    """`aten::pow.Tensor_Scalar` for `aten::pow_.Scalar`: the functional overload of an in-place
+    one, with the same argument names and types and one fresh tensor returned; None if none."""
+    twin = _twins.get(name, False)
+    if twin is not False:
+        return twin
+    twin = None
+    mine = _schemas[name]
+    if name.startswith(meta_checks.UNCACHED):   # writes that read storage sizes: the full path
+        _twins[name] = None
+        return None
+    base = mine.name[:-1]
+    for schema in aten_schemas():
+        if schema.name != base or len(schema.arguments) != len(mine.arguments) or schema.is_mutable:
+            continue
+        if len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor" or \
+                schema.returns[0].alias_info is not None:   # `t` for `t_`: a view, not a twin
+            continue
+        if all(a.name == b.name and str(a.type) == str(b.type) and a.kwarg_only == b.kwarg_only
+               for a, b in zip(schema.arguments, mine.arguments)):
+            twin = _overload(_qualname(schema))
+            break
+    _twins[name] = twin
+    return twin
+
+
+def _inner_value(v: Any) -> Any:
+    """The inner lazy tensor of an `ltc` tensor argument (its pending view updates applied);
+    None for a tensor that is not one (the full path decides what it means)."""
+    if not _is_functional(v) or v.device.type != "ltc":
+        return None
+    _fsync(v)
+    inner = _from_functional(v)
+    return inner if type(inner) is LtcTensor else None
+
+
+def _inner_arguments(args: tuple, kwargs: dict) -> tuple[list, dict] | None:
+    out: list[Any] = []
+    for v in args:
+        if isinstance(v, _Tensor):
+            v = _inner_value(v)
+            if v is None:
+                return None
+        elif type(v) is list or type(v) is tuple:
+            lst = []
+            for e in v:
+                if isinstance(e, _Tensor):
+                    e = _inner_value(e)
+                    if e is None:
+                        return None
+                lst.append(e)
+            v = lst
+        out.append(v)
+    inner_kwargs = {}
+    for k, v in kwargs.items():
+        if isinstance(v, _Tensor):
+            v = _inner_value(v)
+            if v is None:
+                return None
+        elif type(v) is list or type(v) is tuple:
+            return None
+        inner_kwargs[k] = v
+    return out, inner_kwargs
+
+
+def _write_self(name: str, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> Any:
+    """`self.op_(...)` on an `ltc` tensor: the full path on a signature's first call, the fast
+    path after (see above)."""
+    try:
+        key: Any = (name, *[signature(a) for a in args], *[(k, signature(v)) for k, v in kwargs.items()])
+        functional = _verified.get(key)
+    except Exception:  # noqa: BLE001 - an unhashable argument, a tensor subclass without a
+        # shape (`UninitializedParameter`): the full path every time, which says what it means
+        return _call(name, ks, args, kwargs, slots, lazy=True)
+    if functional is not None and not _dispatch_modes():
+        inner = _inner_arguments(args, kwargs)
+        if inner is not None:
+            self = args[0]
+            out = dispatch(functional, tuple(inner[0]), inner[1] or None)
+            _freplace(self, out)
+            _fcommit(self)
+            _fsync(self)
+            return self
+    result = _call(name, ks, args, kwargs, slots, lazy=True)
+    if functional is None:
+        # a number in a Tensor slot goes to the overload taking a Scalar there (`_call`)
+        numbers = _numbers_in_tensor_slots(args, kwargs, slots)
+        target = name if not numbers else _scalar_sibling(name, numbers)
+        twin = _functional_twin(target) if target is not None else None
+        if twin is not None:
+            if len(_verified) >= _VERIFIED_MAX:
+                _verified.clear()
+            _verified[key] = twin
+    return result
 
 
 def _check_out_overlap(op: Any, out_arg: str, args: tuple, kwargs: dict) -> None:
