@@ -11,7 +11,9 @@ it is caught at one place: a Python kernel in front of the Functionalize kernel 
 that writes a tensor argument (`torch.library.get_kernel` keeps the original to call):
 
 * every written tensor functional (all in-place ops on `ltc` tensors): the original kernel,
-  unchanged (one Python frame and a type test per written argument);
+  unchanged (one Python frame and a type test per written argument); for `self.op_(...)` with
+  only `ltc` arguments, only on the first call per signature: later calls take the original's
+  steps without its meta check and dispatcher round (below, "in-place ops on `ltc` tensors");
 * a host tensor indexed by `ltc` indices (`host[ltc_idx]`, `index.Tensor`, the one read op
   eager lets mix devices this way): read on the host, the result a host tensor;
 * a host tensor written from `ltc` inputs: what eager does for the same mix of CPU and CUDA

@@ -14,12 +14,16 @@ The rule, per target:
 * a wrapper that is a *view no other tensor shares* (its storage's use count is 1, plus the
   probe) and whose new value has its layout takes a fresh storage holding that value
   (functionalization's `set_`, which bumps the version): it is then a base, whose later reads
-  and writes replay no view chain.  Every `nn.Parameter` is such a view (it detaches its data),
-  so without this an optimizer step would cost one view replay per parameter;
-* every wrapper then takes the value as an update of its storage (`replace` + `commit_update`)
-  and is synced, so every alias sees it -- also after `set_`: a fresh storage is at generation 0,
-  where views taken from it start up to date, and the one update keeps the first steps' graphs
-  those of the later steps;
+  and writes replay no view chain, at generation 0, where views taken from it start up to date
+  (a view of a storage that has seen an update is out of date when made, and functionalization
+  replays it on its first use: a `weight.t()` per `Linear` per token of inference, if the
+  parameters had taken their values as updates).  Every `nn.Parameter` is such a view (it
+  detaches its data), so without this an optimizer step would cost one view replay per
+  parameter.  Bases are not given fresh storages on later writes: `set_` would detach them
+  from the `AccumulateGrad` nodes of a live autograd graph (`swap_tensors`, which
+  `module.cpu()` uses to keep parameter objects, then refuses them);
+* every other wrapper takes the value as an update of its storage (`replace` + `commit_update`)
+  and is synced, so every alias sees it;
 * version counters are bumped where `set_` did not, unless the caller's dispatcher path bumps
   them already (`bump=False`: ops whose schema marks the write, seen by ADInplaceOrView).
 
@@ -69,9 +73,9 @@ def write(targets: Sequence[Any], values: Sequence[LtcTensor], bump: bool = True
         same_layout = (layouts[k] == m if layouts is not None else
                        t.dtype == m.dtype and tuple(t.shape) == m.shape and t.stride() == m.stride)
         if same_layout and _unshared_view(t):
-            _set(t, _wrap(v))
-        else:
-            to_bump.append(t)
+            _set(t, _wrap(v))   # a fresh storage holding `v`, at generation 0: nothing to update
+            continue
+        to_bump.append(t)
         _replace(t, v)
         _commit(t)
         _fsync(t)
