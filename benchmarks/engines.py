@@ -80,7 +80,7 @@ def settle_tiers(step: Callable[[], Any], steps_done: int) -> None:
         step()
     ltc.wait_device_ops()
     ltc.debug.wait_compiles()
-    for _ in range(2 * config.tier_trial + 2):
+    for _ in range(2 * config.tier_trial + 3):   # the trial's runs, and the one ending its last period
         step()
     ltc.wait_device_ops()
 

@@ -20,8 +20,10 @@ is a `Tiered` wrapper around the quick program:
   accepts runs it.  Nothing ever waits for a build (`ltc.debug.wait_compiles` does, on
   request).  The top tier is not always the faster (measured: BERT's compile path with rare
   reads), so the first executions after a build are a trial (`_Trial`: `config.tier_trial`
-  timed runs per tier, alternating, device work included): a top tier that measures slower
-  is dropped (`TierUpSlower`) and the graph stays on the quick tier for good.  A build that
+  timed runs per tier, alternating, each timed from its start to the start of the graph's
+  next execution -- device work and what the run costs the tracing threads included): a top
+  tier that measures slower is dropped (`TierUpSlower`) and the graph stays on the quick tier
+  for good.  A build that
   fails, or a top-tier program that raises where the quick one does not, leaves the graph on
   the quick tier for good: `TierUpFailed`, one warning naming the graph (an error both tiers
   raise is the inputs' fault: it is raised, the top tier stays);
@@ -153,29 +155,33 @@ class Tiered(Computation):
         top = self._top
         if top is not None and top.accepts(inputs):
             trial = self._trial
-            if trial is not None and trial.quick_next():
-                return self._settle(trial, trial.run("quick", self.quick, inputs))
-            try:
-                out = top.execute(inputs) if trial is None else trial.run("top", top, inputs)
-            except Exception as e:  # noqa: BLE001 - the quick tier still computes the step
-                out = self.quick.execute(inputs)    # raising too: the inputs' fault (an index
-                self._fail(e)                        # out of range), the top tier stays
+            if trial is not None:
+                trial.begin()      # the previous trial run's period ends here
+                self._settle(trial)
+                trial, top = self._trial, self._top
+            if top is not None:
+                if trial is not None and trial.quick_next():
+                    return trial.run("quick", self.quick, inputs)
+                try:
+                    out = top.execute(inputs) if trial is None else trial.run("top", top, inputs)
+                except Exception as e:  # noqa: BLE001 - the quick tier still computes the step
+                    out = self.quick.execute(inputs)    # raising too: the inputs' fault (an index
+                    self._fail(e)                        # out of range), the top tier stays
+                    return out
+                counters.counter("TierUpRun")
                 return out
-            counters.counter("TierUpRun")
-            return out if trial is None else self._settle(trial, out)
         elif self._state is _IDLE:
             self._count(inputs)
         return self.quick.execute(inputs)
 
-    def _settle(self, trial: _Trial, out: list[Any]) -> list[Any]:
-        """After a trial execution: once both tiers are timed, keep the faster."""
+    def _settle(self, trial: _Trial) -> None:
+        """Before a trial execution: once both tiers are timed, keep the faster."""
         verdict = trial.verdict()
         if verdict == "quick":
             self._top, self._trial, self._state = None, None, _SLOWER
             counters.counter("TierUpSlower")
         elif verdict == "top":
             self._trial = None
-        return out
 
     def _count(self, inputs: Sequence[Any]) -> None:
         scalars = self._key(inputs)   # what a program built now would be specialized on
@@ -261,32 +267,46 @@ _MARGIN = 0.05   # a top tier this much slower than the quick one in the trial i
 
 class _Trial:
     """The first executions after a build: the two tiers alternate, top first; each tier's
-    first run warms up (allocations, first-call paths), the next `runs` are timed, the device's
-    work included (the backend's completion marker is waited for: on CUDA, a trial execution
-    waits for its kernels).  Touched by the device worker only."""
+    first run warms up (allocations, first-call paths), the next `runs` are timed.  A run's time
+    is its *period*: from its start to the start of the graph's next execution.  That is the
+    step as the program feels it -- the run itself (the device's work included: the backend's
+    completion marker is waited for, so on CUDA a trial run waits for its kernels), and what
+    the run costs the threads tracing the next step meanwhile (sharing the cores, the caches and
+    the GIL with an Inductor program slowed the tracing of PyG's GAT by 7%, more than its faster
+    kernels gained: a host-bound loop only feels that).  A device-bound loop's period is the run
+    itself, as the worker runs one execution at a time.  Touched by the device worker only."""
 
     def __init__(self, ctx: Any, runs: int) -> None:
         self._backend, self._device, self._runs = ctx.backend, ctx.backend_device, runs
         self._n = 0
         self._times: dict[str, list[float]] = {"quick": [], "top": []}
+        self._start = 0.0
+        self._previous: tuple[str, float] | None = None   # the last timed run: tier, start
+
+    def begin(self) -> None:
+        """An execution of the graph starts: the period of the previous timed run ends."""
+        self._start = time.perf_counter()
+        if self._previous is not None:
+            tier, start = self._previous
+            self._times[tier].append(self._start - start)
+            self._previous = None
 
     def quick_next(self) -> bool:
         return self._n % 2 == 1
 
     def run(self, tier: str, program: Computation, inputs: Sequence[Any]) -> list[Any]:
         self._n += 1
-        t0 = time.perf_counter()
         out = program.execute(inputs)
         marker = self._backend.completion_marker(self._device)
         if marker is not None:
             self._backend.wait_marker(marker)
         if self._n > 2:   # each tier's first run warms up
-            self._times[tier].append(time.perf_counter() - t0)
+            self._previous = (tier, self._start)
         return out
 
     def verdict(self) -> str | None:
-        """"top" or "quick" once both tiers have their timed runs, else None.  Each tier's
-        fastest run is compared (what other threads and processes add to a run is noise, never
+        """"top" or "quick" once both tiers have their timed periods, else None.  Each tier's
+        shortest is compared (what other threads and processes add to a period is noise, never
         a speed-up), and the top tier is kept unless it is slower by more than `_MARGIN`."""
         quick, top = self._times["quick"], self._times["top"]
         if min(len(quick), len(top)) < self._runs:
