@@ -152,3 +152,21 @@ def test_plans_build_the_node_the_generic_trace_builds(case):
     assert _node_summary(planned) == _node_summary(generic)
     torch.testing.assert_close(planned.cpu(), first.cpu())
     ltc.mark_step()
+
+
+def test_each_weight_view_is_traced_once_per_forward():
+    """`module.to("ltc")` gives every parameter a storage of its own at generation 0, so the
+    `weight.t()` of each Linear is traced once per forward, not replayed on its first use
+    (writeback.write); what the graph computes is the same either way."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    x = torch.randn(2, 8)
+    want = model(x)
+    model = model.to("ltc:0")
+    with torch.no_grad():
+        for _ in range(2):
+            ltc.metrics.reset()
+            got = model(x.to("ltc:0"))
+            ltc.mark_step()
+            assert ltc.metrics.counter_value("ltc::t_copy") == 2
+    torch.testing.assert_close(got.cpu(), want.detach())
