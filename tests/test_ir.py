@@ -112,3 +112,43 @@ def test_an_int_too_wide_for_int64_does_not_stop_later_calls_compiling():
     r = t.clamp(min=0)
     assert ltc.debug.graph_hash([r]) != ltc.debug.graph_hash([])   # traced, not fallen back
     assert r.cpu().tolist() == [1, 0, 3]
+
+
+def _plan_by_definition(roots):
+    """What `GraphPlan` computes, written plainly: post-order, then each node's key part."""
+    from ltc_async.ir.node import DEVICE_DATA, post_order
+    order = post_order([n for n, _ in roots])
+    pos = {id(n): i for i, n in enumerate(order)}
+    parts = tuple(n.key if n.op is DEVICE_DATA else (n.key, tuple((pos[id(o)], i) for o, i in n.operands))
+                  for n in order)
+    return order, (parts, tuple((pos[id(n)], i) for n, i in roots))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_graph_plan_orders_and_keys_random_dags_like_its_definition(seed):
+    """Random DAGs: shared operands, an operand used twice (`a + a`), roots inside other roots'
+    graphs, roots repeated."""
+    from ltc_async.executor.compiler import GraphPlan
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(k):
+        return int(torch.randint(0, k, (1,), generator=g))
+    nodes = [_data() for _ in range(1 + pick(3))]
+    for k in range(pick(40)):
+        a, b, c = (nodes[pick(len(nodes))] for _ in range(3))
+        kind = pick(4)
+        if kind == 0:     # three operands, a runtime scalar
+            nodes.append(Node(op=aten.addcmul.default, operands=((a, 0), (b, 0), (c, 0)),
+                              template=((TENSOR, 0), (TENSOR, 1), (TENSOR, 2), (SCALAR, 0, float)),
+                              scalars=(0.5 * k,), outputs=(META,), out_spec=(None,)))
+        elif kind == 1:   # no operands (a factory), a runtime scalar
+            nodes.append(Node(op=aten.full.default, operands=(), template=((2,), (SCALAR, 0, float)),
+                              scalars=(float(k),), outputs=(META,), out_spec=(None,)))
+        else:
+            nodes.append(_add(a, b, template=((TENSOR, 0), (TENSOR, 1), k)))
+    roots = [(nodes[pick(len(nodes))], 0) for _ in range(1 + pick(4))]
+    plan = GraphPlan(roots)
+    order, key = _plan_by_definition(roots)
+    assert [id(n) for n in plan.order] == [id(n) for n in order]
+    assert plan.key == key
+    assert plan.inputs == [v for n in order for v in ([n.data] if n.is_data else n.scalars)]

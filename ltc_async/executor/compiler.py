@@ -33,7 +33,7 @@ from ..base import counters, events
 from ..base.config import config
 from ..ir.interpreter import Interpreter
 from ..ir.lint import lint
-from ..ir.node import DEVICE_DATA, Node, post_order
+from ..ir.node import DEVICE_DATA, Node
 from . import generic, tiers
 from .futures import Worker
 
@@ -47,18 +47,47 @@ class GraphPlan:
     __slots__ = ("order", "roots", "key", "inputs", "comp")
 
     def __init__(self, roots: list[tuple[Node, int]]) -> None:
-        order = post_order([n for n, _ in roots])
-        pos = {id(n): i for i, n in enumerate(order)}
+        # `ir.node.post_order`'s walk, with each node's key part made as it is placed (its
+        # operands are placed before it).  In a DAG a node met again has been placed already
+        # (one on the walk's stack cannot be met below itself), so the positions are the
+        # visited set.  ~0.8 -> ~0.6 us per node: every cut pays it on the compiler thread,
+        # and a read waits for it.
+        order: list[Node] = []
+        pos: dict[int, int] = {}
         parts: list[Any] = []
         inputs: list[Any] = []
-        for n in order:
-            if n.op is DEVICE_DATA:
-                parts.append(n.key)
-                inputs.append(n.data)
-            else:
-                parts.append((n.key, tuple([(pos[id(o)], i) for o, i in n.operands])))
-                if n.scalars:
-                    inputs.extend(n.scalars)
+        data = DEVICE_DATA
+        for root, _ in roots:
+            if id(root) in pos:
+                continue
+            stack = [(root, iter(root.operands))]
+            while stack:
+                node, it = stack[-1]
+                for child, _ in it:
+                    if id(child) not in pos:
+                        stack.append((child, iter(child.operands)))
+                        break
+                else:
+                    stack.pop()
+                    pos[id(node)] = len(order)
+                    order.append(node)
+                    if node.op is data:
+                        parts.append(node.key)
+                        inputs.append(node.data)
+                    else:
+                        ops = node.operands
+                        n = len(ops)
+                        if n == 1:     # most nodes have one or two operands: no comprehension
+                            (a, i), = ops
+                            where: tuple = ((pos[id(a)], i),)
+                        elif n == 2:
+                            (a, i), (b, j) = ops
+                            where = ((pos[id(a)], i), (pos[id(b)], j))
+                        else:
+                            where = tuple([(pos[id(o)], i) for o, i in ops])
+                        parts.append((node.key, where))
+                        if node.scalars:
+                            inputs.extend(node.scalars)
         self.order = order
         self.roots = roots
         self.key = (tuple(parts), tuple([(pos[id(n)], i) for n, i in roots]))
