@@ -643,3 +643,26 @@ def test_a_dispatch_mode_sees_the_functional_op_of_a_repeated_in_place_call():
         x.add_(1)
     assert any("add" in op for op in seen.ops), seen.ops
     assert x.cpu().tolist() == [4.0] * 5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
+def test_repeated_in_place_ops_cast_back_to_the_target_dtype_like_eager(dtype):
+    """`x.add_(y)` with a wider `y`: eager computes in the promoted type and casts into `x`;
+    the same calls again and again (the fast path after the first) give eager's values."""
+    def prog(dev, step):
+        g = torch.Generator().manual_seed(3)
+        x = (torch.randn(4, 5, generator=g) * 10).to(dtype).to(dev)
+        y = torch.randn(4, 5, generator=g).to(dev)           # float32
+        v = x[1]                                             # a view of the target
+        for k in range(4):
+            if dtype.is_floating_point:
+                x.add_(y, alpha=0.5)
+                x.mul_(1.25)
+            else:
+                x.add_(x[0].clone())                         # ints stay ints
+                x.mul_(2)
+            v.sub_(1)
+            step()
+        return x, v
+    for kind in STEPS:
+        run_compare(prog, kind)
