@@ -98,7 +98,7 @@ prepare_job = Event("prepare_job", "wrap: a graph's prepare job before it goes t
 tier_up_job = Event("tier_up_job", "wrap: a background top-tier build before it goes to the "
                     "tier-up thread; args (job, ctx, label, tier); device worker, no lock")
 looked_up = Event("looked_up", "a graph key was looked up in the computation cache; args (ctx, "
-                  "plan, label, hit); compiler thread")
+                  "plan, label, hit); compiler thread (a host read's hit: the reading thread)")
 execution_job = Event("execution_job", "wrap: an execution's closure before it goes to the "
                       "device worker; args (fn, execution); user thread, device lock held")
 values_cut = Event("values_cut", "a graph was cut: each pending value roots[i] (a (node, output) "

@@ -103,7 +103,8 @@ class _Full:
         self.ctx = ctx
 
 
-def _try_schedule(groups: dict[DeviceContext, Any], label: str) -> list[Execution] | _Full:
+def _try_schedule(groups: dict[DeviceContext, Any], label: str,
+                  inline: bool = False) -> list[Execution] | _Full:
     """Never blocks.  `groups` maps each device to the tensors to sync there (or None: all its
     live tensors).  Reserves a slot on each device with pending work, then cuts and queues
     under the lockers; returns the executions, or `_Full(ctx)` (nothing scheduled) when a
@@ -120,13 +121,14 @@ def _try_schedule(groups: dict[DeviceContext, Any], label: str) -> list[Executio
             return _Full(ctx)
         held.append(ctx)
     executions: list[Execution] = []
+    later: list | None = [] if inline else None   # lookups made once the locks are released
     try:
         with lock_devices(ctxs):
             for ctx in ctxs:
                 tensors = groups[ctx]
                 has_slot = ctx in held
                 ex = _cut_and_queue(ctx, ctx.live_tensors() if tensors is None else tensors,
-                                    label, has_slot)
+                                    label, has_slot, later)
                 if ex is not None:
                     executions.append(ex)
                     if has_slot:
@@ -134,17 +136,21 @@ def _try_schedule(groups: dict[DeviceContext, Any], label: str) -> list[Executio
     finally:
         for h in held:  # reserved, but another thread had synced the tensors meanwhile
             h.release_slot()
+        for finish in later or ():   # each completes its execution's prepare future
+            finish()
     return executions
 
 
 @twin
-def schedule(groups: dict[DeviceContext, Any], label: str | None = None) -> Steps:
+def schedule(groups: dict[DeviceContext, Any], label: str | None = None, inline: bool = False) -> Steps:
     """Cut and queue, waiting while a device's queue is full (for its oldest execution); see
     `_try_schedule`.  Then the `scheduled` event's subscribers may wait too (recompile
-    explanations: for the prepare jobs, to warn at the caller's line)."""
+    explanations: for the prepare jobs, to warn at the caller's line).  `inline`: the caller
+    will wait for these executions (a host read): each graph is looked up on this thread,
+    after the device locks are released (`compiler.prepare`)."""
     label = label or caller_location()
     while True:
-        r = _try_schedule(groups, label)
+        r = _try_schedule(groups, label, inline)
         if type(r) is not _Full:
             if events.scheduled.on:
                 yield from events.scheduled.waits()
@@ -164,7 +170,7 @@ def _wait_for_slot(ctx: DeviceContext) -> None:
 
 
 def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
-                   has_slot: bool) -> Execution | None:
+                   has_slot: bool, later: list | None = None) -> Execution | None:
     """Under `ctx.lock`: one graph of the pending IR of `tensors`, queued on `ctx`."""
     t0 = time.perf_counter()
     roots, pending, which = _roots_of(tensors)
@@ -173,7 +179,7 @@ def _cut_and_queue(ctx: DeviceContext, tensors: Sequence[Any], label: str,
     # Tensors that became pending after the slot check (another thread traced into them) are
     # queued without a slot rather than blocking under the lock: the bound is exceeded by one.
     has_slot = has_slot or ctx.try_acquire_slot()
-    prepared = compiler.prepare(ctx, roots, label)
+    prepared = compiler.prepare(ctx, roots, label, later)
     ex = ctx.submit(lambda e: _execute(ctx, prepared, e), label, slot=has_slot)
     datas = [BackendData(ctx, n.outputs[i], future=ex, index=j) for j, (n, i) in enumerate(roots)]
     dnodes = [make_data_node(d, d.meta) for d in datas]
@@ -318,12 +324,14 @@ def collect(tensors: Sequence[Any]) -> list[Any]:
 
 
 @twin
-def materialize(tensors: Sequence[Any]) -> Steps:
+def materialize(tensors: Sequence[Any], inline: bool = False) -> Steps:
     """Backend `torch.Tensor`s of lazy tensors, waiting only for the executions they need.
-    Schedules exactly these tensors' pending IR (`ltc.sync`)."""
+    Schedules exactly these tensors' pending IR (`ltc.sync`).  `inline`: a blocking caller's
+    small read (a data-dependent size): the graphs are looked up on this thread (never from a
+    trio task: that would hold up its event loop for the walk)."""
     groups = _groups(tensors)
     if groups:
-        yield from schedule.steps(groups)
+        yield from schedule.steps(groups, inline=inline)
     yield needed(tensors)
     return collect(tensors)
 
@@ -341,7 +349,7 @@ def read(tensors: Sequence[Any]) -> list[Any]:
     # from a closure or another thread) must not cut another thread's half-traced step
     groups = {t._ctx: None for t in tensors if not t._v[0].is_data}
     if groups:
-        schedule(groups)
+        schedule(groups, inline=True)
     for t in tensors:   # a value of this step read on the host: see `before_backward`
         ctx = t._ctx
         if ctx.backward_seq is not None and t._v[0].data.seq > ctx.backward_seq:
