@@ -54,7 +54,7 @@ from ..base import counters
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas, op_info
 from ..tensor.dispatch import dispatch
-from ..tensor.lazy_tensor import LtcTensor, unwrap
+from ..tensor.lazy_tensor import inner_of, unwrap
 from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.shapes import signature
 from ..tensor.trace import stand_ins
@@ -295,7 +295,6 @@ _verified: dict[tuple, Any] = {}   # signature -> the functional twin to call
 _VERIFIED_MAX = 1 << 14
 _twins: dict[str, Any] = {}        # in-place overload name -> its functional twin, or None
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_from_functional = torch._from_functional_tensor
 _fsync = torch._functionalize_sync
 _freplace = torch._functionalize_replace
 _fcommit = torch._functionalize_commit_update
@@ -327,28 +326,18 @@ def _functional_twin(name: str) -> Any:
     return twin
 
 
-def _inner_value(v: Any) -> Any:
-    """The inner lazy tensor of an `ltc` tensor argument (its pending view updates applied);
-    None for a tensor that is not one (the full path decides what it means)."""
-    if not _is_functional(v) or v.device.type != "ltc":
-        return None
-    _fsync(v)
-    inner = _from_functional(v)
-    return inner if type(inner) is LtcTensor else None
-
-
 def _inner_arguments(args: tuple, kwargs: dict) -> tuple[list, dict] | None:
     out: list[Any] = []
     for v in args:
         if isinstance(v, _Tensor):
-            v = _inner_value(v)
+            v = inner_of(v)
             if v is None:
                 return None
         elif type(v) is list or type(v) is tuple:
             lst = []
             for e in v:
                 if isinstance(e, _Tensor):
-                    e = _inner_value(e)
+                    e = inner_of(e)
                     if e is None:
                         return None
                 lst.append(e)
@@ -357,7 +346,7 @@ def _inner_arguments(args: tuple, kwargs: dict) -> tuple[list, dict] | None:
     inner_kwargs = {}
     for k, v in kwargs.items():
         if isinstance(v, _Tensor):
-            v = _inner_value(v)
+            v = inner_of(v)
             if v is None:
                 return None
         elif type(v) is list or type(v) is tuple:

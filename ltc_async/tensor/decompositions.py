@@ -44,7 +44,7 @@ from ..base import counters
 from ..ir.schema import TENSOR_LIST, aten_schemas, op_info, type_name
 from . import shapes
 from .dispatch import dispatch, register_handlers
-from .lazy_tensor import LtcTensor
+from .lazy_tensor import LtcTensor, inner_of
 from .trace import check_host_arguments, trace
 from .writeback import write
 
@@ -150,20 +150,8 @@ def _foreach_with_scalars(func: Any, args: tuple, kwargs: dict) -> list:
 # dispatch mode, take PyTorch's own path below autograd.
 
 _fwd_ad = torch.autograd.forward_ad
-_is_functional = torch._is_functional_tensor
-_from_functional = torch._from_functional_tensor
-_fsync = torch._functionalize_sync
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _META = torch.device("meta")
-
-
-def _inner(t: Any) -> LtcTensor | None:
-    """The inner lazy tensor of a user's ltc tensor (pending view updates applied), else None."""
-    if not isinstance(t, torch.Tensor) or not _is_functional(t):   # Parameters are wrappers too
-        return None
-    _fsync(t)
-    inner = _from_functional(t)
-    return inner if type(inner) is LtcTensor else None
 
 
 def _inner_args(info: Any, full: list) -> list | None:
@@ -174,13 +162,13 @@ def _inner_args(info: Any, full: list) -> list | None:
         if k == TENSOR_LIST:
             lst = []
             for t in v:
-                i = _inner(t)
+                i = inner_of(t)
                 if i is None:
                     return None
                 lst.append(i)
             out.append(lst)
         elif isinstance(v, torch.Tensor):
-            i = _inner(v)
+            i = inner_of(v)
             if i is None:
                 if v.device.type == "ltc":
                     return None

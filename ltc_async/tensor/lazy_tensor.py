@@ -111,6 +111,17 @@ def wrap(t: torch.Tensor) -> torch.Tensor:
     return torch._to_functional_tensor(t)
 
 
+def inner_of(t: Any) -> LtcTensor | None:
+    """The current inner `LtcTensor` of a user's `ltc` tensor (pending view updates applied),
+    or None for anything else: what functionalization's kernels unwrap, for the code paths
+    that stand in for them (in-place foreach ops, repeated in-place calls)."""
+    if not isinstance(t, torch.Tensor) or not torch._is_functional_tensor(t):
+        return None
+    torch._functionalize_sync(t)
+    inner = torch._from_functional_tensor(t)
+    return inner if type(inner) is LtcTensor else None
+
+
 def unwrap(t: torch.Tensor) -> LtcTensor:
     """The current inner `LtcTensor` of a user tensor (applying pending view updates first)."""
     if type(t) is LtcTensor:
