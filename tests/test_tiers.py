@@ -602,3 +602,28 @@ print("done", flush=True)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "done" in r.stdout and "Fatal" not in r.stderr and "could not take" not in r.stderr
+
+
+_FIRST_STEPS_ON_TWO_DEVICES = """
+import threading, torch, ltc_async as ltc
+a = torch.zeros(3, device="ltc:0")
+for k in range(4):
+    a.copy_(torch.full((3,), float(k), device="ltc:1"))
+    a.add_(torch.ones(3, device="ltc:0"))
+print(a.cpu().tolist())
+"""
+
+
+@pytest.mark.skipif(inductor.available("cpu") is not None, reason="Inductor cannot build here")
+def test_a_fresh_process_first_steps_do_not_race_the_top_tiers_imports():
+    """A fresh process's first steps, tiering on: the top tier's one-time imports
+    (`torch._inductor`, which brings Dynamo) run on the tracing thread before its first cut.
+    Made on the compiler thread, they raced with the tracing thread's own first import of
+    Dynamo (shape inference of reference kernels), and 2 runs in 3 of this program died with
+    "cannot import name 'IndentedBuffer' from partially initialized module"."""
+    import os
+
+    from conftest import run_python
+    env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,cpu", LTC_ASYNC_TIERS="ts,inductor")
+    for _ in range(4):
+        assert run_python(_FIRST_STEPS_ON_TWO_DEVICES, env).split("\n")[0] == "[4.0, 4.0, 4.0]"

@@ -53,7 +53,7 @@ from ..base.callsite import caller_location
 from ..base.config import config
 from ..ir.interpreter import Interpreter
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
-from . import compiler
+from . import compiler, tiers
 from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
 from .device import DeviceContext, lock_devices, raise_errors
 from .futures import (
@@ -149,6 +149,8 @@ def schedule(groups: dict[DeviceContext, Any], label: str | None = None, inline:
     will wait for these executions (a host read): each graph is looked up on this thread,
     after the device locks are released (`compiler.prepare`)."""
     label = label or caller_location()
+    for ctx in groups:        # the top tier's one-time imports on this thread, before any lock
+        tiers.set_up_here(ctx)
     while True:
         r = _try_schedule(groups, label, inline)
         if type(r) is not _Full:

@@ -117,6 +117,30 @@ def top_tier(ctx: Any) -> str | None:
     return tiers[1] if len(tiers) > 1 and tiers[0] == ctx.backend.tiers[0] else None
 
 
+_set_up: set = set()   # (backend type, device type) whose top tier was set up on a tracing thread
+
+
+def set_up_here(ctx: Any) -> None:
+    """Called by `graph_executor.schedule` on the thread that cuts, before it takes the device
+    locks (once per backend and device type):
+    ask the backend about the top tier with an empty graph, so that its one-time setup runs on
+    this thread.  Inductor's is `import torch._inductor` (~0.9 s, Dynamo with it).  Made by the
+    compiler thread at the first graph's lookup, it raced with the tracing thread's own first
+    `import torch._dynamo` (PyTorch's reference kernels import it on first use, during shape
+    inference) over the two packages' circular imports, and one of the threads failed with
+    "cannot import name 'IndentedBuffer' from partially initialized module
+    'torch._inductor.utils'" (2 runs in 3 of a two-device program).  One thread importing both
+    first cannot race.  (A trio task's first `mark_step_async` pays the import on the event
+    loop's thread, once, as its first traced ops pay their shape inference.)  `_set_up` is a
+    plain set: a racing second call asks again (the answer is cached by the backend)."""
+    tier = top_tier(ctx)
+    key = (type(ctx.backend), ctx.backend_device.type)
+    if tier is None or key in _set_up:
+        return
+    ctx.backend.tier_refuses(tier, [], ctx.backend_device)
+    _set_up.add(key)
+
+
 def wrap(ctx: Any, plan: Any, comp: Computation, label: str) -> Computation:
     """`comp` (a freshly compiled quick-tier program for `plan`) as a tiered one, or unchanged
     when there is no top tier for this device or the backend will not build this graph."""
