@@ -20,10 +20,11 @@ the read's graph is walked and looked up on the caller's thread, once it has rel
 device lock (`prepare(..., later=...)`), and on a hit the execution's program is ready when
 the device worker reaches it -- no hand-off to the compiler thread and back, 0.3 ms of each
 read of tiny Llama's token-by-token loop (1.78 -> 1.48 ms).  A miss still compiles
-here (the plan already made is passed on), as does every lookup while graphs are saved or
-recompiles explained (`save_graphs`, `ir_debug`).  One thread means jobs finish in submission order and a cache entry always
-holds a finished program.  Reading metrics first waits for queued prepare jobs (`flush`), so
-compile counters are exact whenever they are read.
+here (the plan already made is passed on, and looked up again: a compile of the same key
+queued before it has finished by then), as does every lookup while graphs are saved or
+recompiles explained (`save_graphs`, `ir_debug`).  One thread means jobs finish in
+submission order and a cache entry always holds a finished program.  Reading metrics first
+waits for queued prepare jobs (`flush`), so compile counters are exact whenever they are read.
 """
 from __future__ import annotations
 
