@@ -378,6 +378,36 @@ def test_a_failing_build_leaves_the_graph_on_the_quick_tier(monkeypatch):
     assert _counts() == {"TierUpCompile": 0, "TierUpFailed": 1, "TierUpRun": 0}
 
 
+def test_a_build_that_meets_another_threads_import_is_built_again(monkeypatch):
+    """A build that fails because another thread was importing the same modules at that moment
+    (Python hands it a partially initialized module: a user's first `torch.compile` beside the
+    first build) is not the graph's fault: no warning, no `TierUpFailed`; the graph is built
+    again at its next execution and then runs on the top tier, with eager's values."""
+    from ltc_async.executor import arena
+    backend = arena.backend()
+    original, calls = backend.compile_tier, []
+
+    def racing_once(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ImportError("cannot import name 'IndentedBuffer' from partially initialized module "
+                              "'torch._inductor.utils' (most likely due to a circular import)")
+        return original(*args, **kw)
+    monkeypatch.setattr(backend, "compile_tier", racing_once)
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(5))
+    lazy = x.to(DEV)
+    ltc.metrics.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(12):
+            torch.testing.assert_close((lazy.sin() * 0.5 + lazy).cpu(), x.sin() * 0.5 + x)
+            ltc.debug.wait_compiles(600)
+    assert not [w for w in seen if "could not take the graph" in str(w.message)]
+    assert len(calls) == 2 and ltc.metrics.counter_value("TierUpRetried") == 1
+    c = _counts()
+    assert c["TierUpFailed"] == 0 and c["TierUpCompile"] == 1 and c["TierUpRun"] >= 1, c
+
+
 def test_a_build_hands_the_gil_back_often_and_restores_the_users_switch_interval(monkeypatch):
     """While a graph is built on the tier-up thread, Python switches threads often (the user's
     thread, which gives the GIL up at every dispatched op, otherwise waited one switch interval

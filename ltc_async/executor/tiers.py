@@ -34,7 +34,8 @@ is a `Tiered` wrapper around the quick program:
 compiler thread (`SingleTier`: the Inductor-only conformance run).
 
 Counters `TierUpCompile` (builds finished), `TierUpFailed`, `TierUpRun` (executions on the top
-tier); metric `TierUpTime` (build seconds).  At exit, queued builds are dropped and a running
+tier), `TierUpRetried` (a build that met another thread's import of the same modules, queued
+again at the graph's next execution); metric `TierUpTime` (build seconds).  At exit, queued builds are dropped and a running
 one is cancelled (`_Cancelled`, raised between bytecodes: the interpreter never finalizes
 under a build, and exit waits only for the compiler subprocess or C++ call in progress).
 
@@ -237,6 +238,12 @@ class Tiered(Computation):
             return
         except Exception as e:  # noqa: BLE001 - the graph stays on the quick tier
             if _exiting or "after shutdown" in str(e):   # the interpreter is exiting: no failure
+                return
+            if isinstance(e, ImportError) and "partially initialized module" in str(e):
+                # another thread was importing the same modules (a user's first torch.compile):
+                # not the graph's fault; built again at its next execution
+                counters.counter("TierUpRetried")
+                self._state = _IDLE
                 return
             self._fail(e)
             return
