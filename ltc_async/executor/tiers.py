@@ -134,12 +134,13 @@ def set_up_here(ctx: Any) -> None:
     first cannot race.  (A trio task's first `mark_step_async` pays the import on the event
     loop's thread, once, as its first traced ops pay their shape inference.)  `_set_up` is a
     plain set: a racing second call asks again (the answer is cached by the backend)."""
-    tier = top_tier(ctx)
     key = (type(ctx.backend), ctx.backend_device.type)
-    if tier is None or key in _set_up:
+    if key in _set_up:   # every cut asks: the set first, the tier list only once
         return
-    ctx.backend.tier_refuses(tier, [], ctx.backend_device)
-    _set_up.add(key)
+    tier = top_tier(ctx)   # (tiering may be turned on later: asked again until it is)
+    if tier is not None:
+        ctx.backend.tier_refuses(tier, [], ctx.backend_device)
+        _set_up.add(key)
 
 
 def wrap(ctx: Any, plan: Any, comp: Computation, label: str) -> Computation:
