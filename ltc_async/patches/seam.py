@@ -58,6 +58,7 @@ from ..tensor.lazy_tensor import inner_of, unwrap
 from ..tensor.lazy_tensor import tensors_in as _tensors
 from ..tensor.shapes import signature
 from ..tensor.trace import stand_ins
+from ..tensor.writeback import update
 from . import inplace, meta_checks
 
 _is_functional = torch._is_functional_tensor
@@ -282,7 +283,7 @@ def _kernel(schema: Any) -> Callable[..., Any]:
 # `sync`).  Once a signature (`shapes.signature` of every argument: what the meta check can see)
 # has passed that path, later calls with the same signature skip the check and the dispatcher:
 # the functional op goes straight into the op path (`dispatch`), and `x` takes the result by the
-# same three calls.  The node traced, the wrapper's state and autograd's (recorded above this
+# same three calls (`writeback.update`).  The node traced, the wrapper's state and autograd's (recorded above this
 # key, by the same C++ kernels as before) are what the full path gives.  Taken only when every
 # tensor argument is an `ltc` tensor, no Python dispatch mode is active (a mode must see the
 # functional op) and the op has a functional twin with the same arguments; anything else, and
@@ -295,9 +296,6 @@ _verified: dict[tuple, Any] = {}   # signature -> the functional twin to call
 _VERIFIED_MAX = 1 << 14
 _twins: dict[str, Any] = {}        # in-place overload name -> its functional twin, or None
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_fsync = torch._functionalize_sync
-_freplace = torch._functionalize_replace
-_fcommit = torch._functionalize_commit_update
 
 
 def _functional_twin(name: str) -> Any:
@@ -368,10 +366,7 @@ def _write_self(name: str, ks: Any, args: tuple, kwargs: dict, slots: tuple) -> 
         inner = _inner_arguments(args, kwargs)
         if inner is not None:
             self = args[0]
-            out = dispatch(functional, tuple(inner[0]), inner[1] or None)
-            _freplace(self, out)
-            _fcommit(self)
-            _fsync(self)
+            update(self, dispatch(functional, tuple(inner[0]), inner[1] or None))
             return self
     result = _call(name, ks, args, kwargs, slots, lazy=True)
     if functional is None:

@@ -40,7 +40,7 @@ import torch
 
 from .lazy_tensor import LtcTensor
 
-__all__ = ["write", "own_storage"]
+__all__ = ["write", "update", "own_storage"]
 
 _is_functional = torch._is_functional_tensor
 _is_base = torch._is_functional_tensor_base
@@ -76,11 +76,18 @@ def write(targets: Sequence[Any], values: Sequence[LtcTensor], bump: bool = True
             _set(t, _wrap(v))   # a fresh storage holding `v`, at generation 0: nothing to update
             continue
         to_bump.append(t)
-        _replace(t, v)
-        _commit(t)
-        _fsync(t)
+        update(t, v)
     if bump and to_bump:
         _increment_version(to_bump)
+
+
+def update(t: torch.Tensor, v: LtcTensor) -> None:
+    """The wrapper `t` takes `v` as an update of its storage, seen through every alias: what
+    functionalization's in-place kernels do after the functional op (its version counter is
+    the caller's; `patches/seam.py` calls this for repeated in-place calls)."""
+    _replace(t, v)
+    _commit(t)
+    _fsync(t)
 
 
 def own_storage(t: torch.Tensor) -> None:
