@@ -6,13 +6,15 @@ eager vs ltc_async's lazy path vs its compile path, cold and warm (issue 18).
 Models: a tiny Llama (grouped-query attention, RoPE) and a tiny GPT-2, random weights, a batch of
 one 8-token prompt, `max_new_tokens=new`, `do_sample=False`.  Engines:
 
-* `eager`: the model on `cpu`;
+* `eager`: the model on `cpu` (`cuda` with `BENCH_EAGER_DEVICE=cuda`, where `ltc:0` is `cuda:0`:
+  inference only, so eager CUDA runs beside ltc_async in one process);
 * `ltc`: the model on `ltc:0`, traced op by op (transformers' dynamic KV cache);
 * `ltc+compile`: the recipe transformers gives for torch.compile -- a static KV cache
   (`generation_config.cache_implementation = "static"`) and
   `model.forward = torch.compile(model.forward, backend="ltc")` -- on `ltc:0`;
 * `inductor` (with `--inductor`): the same recipe with PyTorch's own backend on `cpu`, the
-  anchor for `ltc+compile` (its first call builds C++ kernels: tens of seconds cold).
+  anchor for `ltc+compile` (its first call builds C++ kernels: tens of seconds cold), on the
+  eager anchor's device.
 
 `cold` is the first `generate()` call of a fresh model copy (graph compiles included, per
 token); `warm` the median over `rounds` later calls with the same prompt length, rounds of the
@@ -31,7 +33,7 @@ import warnings
 import torch
 
 import ltc_async as ltc
-from benchmarks.engines import settle_tiers
+from benchmarks.engines import EAGER_DEVICE, settle_tiers
 from benchmarks.harness import log, md_header, md_row
 
 DEV = "ltc:0"
@@ -61,11 +63,11 @@ def generate(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> torch.Te
 def engine(name: str, base: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     model = copy.deepcopy(base)
     if name == "eager":
-        return model, "cpu"
+        return model.to(EAGER_DEVICE), EAGER_DEVICE
     if name == "inductor":
         model.generation_config.cache_implementation = "static"
         model.forward = torch.compile(model.forward)
-        return model, "cpu"
+        return model.to(EAGER_DEVICE), EAGER_DEVICE
     model = model.to(DEV)
     if name == "ltc+compile":
         model.generation_config.cache_implementation = "static"
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "inductor":      # past Dynamo's recompiles of the first calls
                 with torch.no_grad():
                     for _ in range(2):
-                        generate(model, prompt, args.new)
+                        generate(model, prompt.to(dev), args.new)
         for _ in range(args.rounds):
             for name in names:
                 model, dev, times, _ = runs[name]

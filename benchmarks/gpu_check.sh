@@ -1,11 +1,11 @@
 #!/bin/bash
 # The CUDA check run on a lent GPU (this workplace's device tool), in one call, outputs under
-# $OUT: a smoke test, examples/train_mlp.py on ltc:0 (= cuda:0), the suite on cuda:0,cuda:0
-# under xdist, and bench_tiers with the eager anchors on the GPU.  The GPU image lacks a few
+# $OUT: a smoke test, bench_tiers (GPT-2, eager anchors on the GPU, both tiers) and bench_generate,
+# then the suite on cuda:0,cuda:0 under xdist with examples/train_mlp.py and cuda_vs_eager beside it.  The GPU image lacks a few
 # test dependencies: download their wheels into .whl/ (ignored by git) first and carry .whl:
 #   .venv/bin/pip download -q --no-deps -d .whl trio outcome sniffio pytest-trio expecttest \
 #       pyro-ppl pyro-api sortedcontainers
-#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; SUITE_S, BENCH_S)
+#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; BENCH_S, GEN_S, SUITE_S)
 #   bash benchmarks/gpu_check.sh --rerun FILE [DIR [CPUFILE]]   (FILE's tests again; DIR's checks)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -43,20 +43,31 @@ x = torch.randn(64, 64, device="ltc:0"); y = (x @ x).relu().sum(0)
 ref = (x.cpu().cuda() @ x.cpu().cuda()).relu().sum(0)
 torch.testing.assert_close(y.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4); print("smoke ok")
 PY
-# the example and ltc:0 = cuda:0 against eager CUDA (training, separate processes) run beside
-# the suite: one process each, on a 16-core machine
+# the benchmarks first, on a quiet machine: GPT-2 training with the eager anchors on the GPU and
+# both of ltc's tiers (TorchScript alone; TorchScript then Inductor's Triton programs), then
+# greedy generate() (eager CUDA and ltc:0 = cuda:0 in one process: inference only)
+el "bench"
+BENCH_EAGER_DEVICE=cuda timeout -s INT ${BENCH_S:-170} python3 -m benchmarks.bench_tiers --only gpt2 \
+   --engines eager,inductor,ltc,ltc-tiered --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
+tail -14 $OUT/bench.txt
+el "generate"
+BENCH_EAGER_DEVICE=cuda timeout -s INT ${GEN_S:-45} python3 -m benchmarks.bench_generate --rounds 3 --new 32 \
+   --no-compile > $OUT/generate.txt 2>&1
+tail -8 $OUT/generate.txt
+# then the suite on cuda:0,cuda:0 (tiering's own tests in a run of their own, so they are
+# reached), with the example and ltc:0 = cuda:0 against eager CUDA (training, separate
+# processes) beside it: one process each, on a 16-core machine
 { el example; timeout 150 python3 examples/train_mlp.py 2>&1 | tail -25; el "example done"; } > $OUT/example.txt 2>&1 &
 { for c in mobilenet_v2 resnet; do timeout 120 python3 -m benchmarks.cuda_vs_eager --all --case $c; done; el "cuda_vs_eager done"; } > $OUT/cuda_vs_eager.txt 2>&1 &
 el "pytest"
+LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-260} python3 -m pytest -q -n 2 -p no:cacheprovider \
+   --timeout 200 --tb=short -rfE tests/test_tiers.py > $OUT/tiers.txt 2>&1 &
 # tests marked kernel_assert skip on CUDA (a device-side assert ends the CUDA context); a test
 # that ends it anyway ends its worker, which xdist replaces (tests/conftest.py)
-LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-340} python3 -m pytest -q -n 13 --max-worker-restart 200 \
-   -p no:cacheprovider --timeout 200 --tb=short -rfE --junitxml=$OUT/junit.xml tests > $OUT/pytest.txt 2>&1
+LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-260} python3 -m pytest -q -n 11 --max-worker-restart 200 \
+   -p no:cacheprovider --timeout 200 --tb=short -rfE --junitxml=$OUT/junit.xml --ignore=tests/test_tiers.py \
+   tests > $OUT/pytest.txt 2>&1
 tail -8 $OUT/pytest.txt
 wait
-cat $OUT/example.txt; cat $OUT/cuda_vs_eager.txt | tail -30
-el "bench"
-BENCH_EAGER_DEVICE=cuda timeout -s INT ${BENCH_S:-150} python3 -m benchmarks.bench_tiers --only gpt2 \
-   --engines eager,inductor,ltc,ltc+compile --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
-tail -14 $OUT/bench.txt
+tail -12 $OUT/tiers.txt; cat $OUT/example.txt; cat $OUT/cuda_vs_eager.txt | tail -30
 el done
