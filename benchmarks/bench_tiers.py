@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.harness import log
+
 T_START = time.perf_counter()
 
 ENGINES = {   # name -> (bench_compile engine, LTC_ASYNC_TIERS[, other environment])
@@ -75,6 +77,7 @@ def child(args: argparse.Namespace) -> None:
     step, wait = bc.make(engine, (timed_build, lambda: batch, loss_fn, make_opt))
     first = float(step().detach().cpu())
     first_s = time.perf_counter() - t0 - sum(model_build_s)
+    log(f"{args.engine}: first step {first_s:.2f} s")
 
     def warm_up(steps: int) -> None:
         # both patterns measured below: a loop that reads the loss every step runs two graphs a
@@ -87,10 +90,13 @@ def child(args: argparse.Namespace) -> None:
                     float(loss.detach().cpu())
             wait()
     warm_up(args.warmup)
+    log(f"{args.engine}: warmed up at {time.perf_counter() - T_START:.1f} s")
     tier_up_s = None
     if args.engine.endswith("tiered"):
         ltc.debug.wait_compiles()
         tier_up_s = time.perf_counter() - T_START
+        log(f"{args.engine}: builds done at {tier_up_s:.1f} s: "
+            f"{ {k: ltc.metrics.counter_value(k) for k in ('TierUpCompile', 'TierUpFailed', 'TierUpRun')} }")
         warm_up(10)   # past the trial of each graph's two tiers (`LTC_ASYNC_TIER_TRIAL`)
         if not ltc.debug.wait_compiles(timeout=0.1):
             print("builds still running after the warm-up", file=sys.stderr)

@@ -342,10 +342,9 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
         _views_as_reshapes(gm)
         n_outputs = _return_inputs(gm)
         patch = {"compile_threads": 1}
-        if device.type == "cpu":
-            patch["cpp_wrapper"] = True     # the whole program without the GIL (module note, 3.)
-            if threads:
-                patch["cpp.threads"] = threads
+        patch["cpp_wrapper"] = True         # the whole program without the GIL (module note, 3.)
+        if device.type == "cpu" and threads:
+            patch["cpp.threads"] = threads
         try:
             with inductor_config.patch(patch):
                 fn = torch._inductor.compile(gm, examples)
