@@ -376,7 +376,7 @@ def test_threads_share_a_compiled_function():
 def test_a_thread_compiling_beside_another_that_steps_the_same_device():
     """A first call (the capture) on one thread while another thread cuts steps on the same
     device: the other thread's `mark_step` must not take the capture's recording."""
-    from conftest import run_in_threads
+    from conftest import backing_ref, run_in_threads
 
     def body(x, w):
         for _ in range(60):
@@ -406,7 +406,7 @@ def test_a_thread_compiling_beside_another_that_steps_the_same_device():
     run_in_threads(lambda k: compiles() if k == 0 else steps(), [(0,), (1,)], timeout=300,
                    switch_interval=1e-5)
     for x, out in zip(xs, seen["out"]):
-        torch.testing.assert_close(out, body(x, w))
+        torch.testing.assert_close(out, backing_ref(body, x, w))
     torch.testing.assert_close(seen["y"], torch.full((3,), 1.0 + seen["n"]))
 
 

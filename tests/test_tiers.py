@@ -20,7 +20,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import busy_python_thread
+from conftest import ON_CUDA, busy_python_thread
 from ltc_async_devices import inductor
 
 import ltc_async as ltc
@@ -240,12 +240,29 @@ def test_adamw_training_moves_to_inductor_although_its_scalars_change(options):
                 if i == 5:
                     assert ltc.debug.wait_compiles(600)
         return [p.detach().cpu() for p in m.parameters()]
+    from ltc_async.executor import compiler
     want = train("cpu")
+    earlier = list(compiler.cache._d.values())   # earlier tests' programs (kept alive: ids stay theirs)
+    before = {id(c) for c in earlier}
     ltc.metrics.reset()
     got = train(DEV)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # on a CUDA backing, against eager CPU (eager CUDA's backward cannot run beside ltc_async):
+    # Adam divides by the gradients' running size, so CUDA's last-bit differences in the
+    # gradients grow to ~1e-4 over the steps (H200: 1.5e-4 in 10 of 512, equally in all three
+    # variants, so not the optimizer's program)
+    tol = {"rtol": 5e-3, "atol": 5e-4} if ON_CUDA else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(got, want, **tol)
     c = _counts()
     assert c["TierUpCompile"] >= 1 and c["TierUpRun"] >= 5 and c["TierUpFailed"] == 0
+    # the program's text says which wrapper it got: the C++ one (no GIL) where it can call
+    # every kernel; on CPU, not `_fused_adamw`'s (a fallback kernel returning a list)
+    heads = [c._top.backend_text.splitlines()[0] for c in list(compiler.cache._d.values())
+             if id(c) not in before and getattr(c, "_top", None) is not None]
+    assert heads and all(h.startswith("# Inductor program, ") for h in heads), heads
+    if not options.get("fused"):
+        assert all("C++ wrapper" in h for h in heads), heads
+    elif not ON_CUDA:
+        assert any("Python wrapper (the C++ wrapper's build failed" in h for h in heads), heads
 
 
 def _on_both(step, state, steps=12):
@@ -341,6 +358,9 @@ def test_a_busy_python_thread_does_not_stall_a_top_tier_program():
         y = chain(lazy)
         ltc.mark_step()
     ltc.debug.wait_compiles(600)
+    y = chain(lazy)          # the program's first run: on CUDA, Triton's kernels load (and may
+    ltc.mark_step()          # benchmark their configurations) at their first launch
+    ltc.wait_device_ops()
     before = _counts()["TierUpRun"]
     with busy_python_thread():
         y = chain(lazy)
@@ -415,6 +435,7 @@ def test_a_build_hands_the_gil_back_often_and_restores_the_users_switch_interval
     per op: seconds per training step); afterwards the user's own interval is back, after a
     build that succeeds and after one that fails."""
     import sys
+
     from ltc_async.executor import arena
     backend = arena.backend()
     during = []

@@ -25,9 +25,10 @@ How a graph becomes an Inductor program:
    runs that made it hot;
 3. `torch._inductor.compile(gm, example_inputs)` builds it in-process (`compile_threads=1`: no
    compiler worker processes to orphan at exit; C++ builds are `g++` subprocesses that end
-   with their build).  On CPU devices with Inductor's C++ wrapper (`cpp_wrapper`): the whole
-   program -- kernels, allocations, the calls between them -- is one C++ function that runs
-   without the GIL, as a TorchScript graph does.  The default Python wrapper calls each
+   with their build).  With Inductor's C++ wrapper (`cpp_wrapper`; CPU and CUDA devices): the
+   whole program -- kernels, allocations, the calls between them -- is one C++ function that
+   runs without the GIL, as a TorchScript graph does (the program's text in `ltc.debug` says
+   which wrapper it got: a graph the C++ wrapper cannot build gets the Python one).  The default Python wrapper calls each
    kernel from Python, taking the GIL back between kernels: a device worker running it
    contended with the tracing thread for the GIL at every kernel (measured: the overlapped
    steps of the compile path were ~12% slower than with the C++ wrapper), and its kernels,
@@ -341,16 +342,16 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
         examples = examples[:len(slots)] + _scalars([inputs[i] for i in lift_slots])
         _views_as_reshapes(gm)
         n_outputs = _return_inputs(gm)
-        patch = {"compile_threads": 1}
-        patch["cpp_wrapper"] = True         # the whole program without the GIL (module note, 3.)
+        patch = {"compile_threads": 1, "cpp_wrapper": True}   # without the GIL (module note, 3.)
         if device.type == "cpu" and threads:
             patch["cpp.threads"] = threads
+        wrapper = "# Inductor program, C++ wrapper\n"
         try:
             with inductor_config.patch(patch):
                 fn = torch._inductor.compile(gm, examples)
-        except Exception:
-            if not patch.get("cpp_wrapper"):
-                raise
+        except Exception as e:  # noqa: BLE001 - built again with the Python wrapper
+            wrapper = f"# Inductor program, Python wrapper (the C++ wrapper's build failed: {type(e).__name__}: " \
+                      f"{str(e).splitlines()[0][:200] if str(e) else ''})\n"
             # the C++ wrapper cannot call some fallback kernels (`_fused_adam`: "fallback
             # kernels with runtime lookup currently only support tensor returns"); the Python
             # wrapper can: the program then takes the GIL between kernels (the tier trial
@@ -359,7 +360,7 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
             with inductor_config.patch(patch):
                 fn = torch._inductor.compile(gm, examples)
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
-    return InductorProgram(fn, slots, lift_slots, baked, gm.code, [e.stride() for e in examples[:len(slots)]],
+    return InductorProgram(fn, slots, lift_slots, baked, wrapper + gm.code, [e.stride() for e in examples[:len(slots)]],
                            n_outputs)
 
 

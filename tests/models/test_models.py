@@ -169,6 +169,9 @@ class Case:
     # amplify CUDA's last-bit differences, and after 4 steps eager CUDA's own MobileNetV2 ends
     # 0.19 from eager CPU's (`python -m benchmarks.cuda_vs_eager --all`, H200; ResNet 2e-7)
     cuda_steps: int | None = None
+    # ... and its float32 tolerance there: after that one step, one conv weight of 384 ended
+    # 2.4e-3 from eager CPU's (H200, fourth loan), past against_cpu's 2e-3
+    cuda_tol: float | None = None
     # With the Inductor tier on (`make test-tiered`), the float32 tolerance of a model that
     # amplifies last-bit differences over its steps: Inductor rounds differently from eager
     # (MobileNetV2's first conv ended 2.6e-4 from eager after 4 steps, ResNet within 1e-5)
@@ -190,7 +193,8 @@ _ADAM_ATOL = 5e-5
 
 CASES = [
     Case("resnet", _resnet, _images, lambda m, b: m(**b).loss, _sgd),
-    Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd, cuda_steps=1, tiered_tol=2e-3),
+    Case("mobilenet_v2", _mobilenet, _images, lambda m, b: m(**b).loss, _sgd, cuda_steps=1, tiered_tol=2e-3,
+         cuda_tol=5e-3),
     Case("gpt2", _gpt2, _tokens, lambda m, b: m(input_ids=b["input_ids"], labels=b["input_ids"]).loss,
          _adamw, atol=_ADAM_ATOL),
     Case("mixtral", _mixtral, _tokens,
@@ -283,6 +287,8 @@ def test_training_matches_eager(case: Case):
     tiered = bool(case.tiered_tol) and "inductor" in config.tiers
     params_tol = (case.tiered_tol, case.tiered_tol) if tiered else (1e-4, case.atol)
     buffers_tol = (case.tiered_tol, case.tiered_tol) if tiered else (1e-4, 1e-5)
+    if ON_CUDA and case.cuda_tol:
+        params_tol = buffers_tol = (case.cuda_tol, case.cuda_tol)
     for (name, p), q in zip(eager.named_parameters(), lazy.parameters()):
         torch.testing.assert_close(q.detach().cpu(), p.detach(), **_tolerance(p, *params_tol),
                                    msg=lambda m, name=name: f"{case.name}.{name}: {m}")
