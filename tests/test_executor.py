@@ -147,8 +147,11 @@ ltc.wait_device_ops()                   # the device's threads are up, nothing p
 time.sleep(0.2)
 before = threads()
 w = x.to("ltc:0")
-y = ((w @ w).relu() @ w).sum().item()        # a parallel execution on the device's worker
+y = ((w @ w).relu() @ w).sum()
+ltc.mark_step()                         # a parallel execution on the device's worker (a read
+ltc.wait_device_ops()                   # of an idle device's graph would run it on this thread)
 during = threads()
+y = y.item()
 time.sleep(float(os.environ["LTC_ASYNC_OMP_IDLE"] or 0) + 1.0)
 after = threads()
 assert abs(y - ((x @ x).relu() @ x).sum().item()) <= 1e-3 * abs(y)

@@ -42,7 +42,8 @@ Inductor's own on-disk caches (`TORCHINDUCTOR_CACHE_DIR`, FX graph cache) make a
 build the same graphs quickly.
 
 Threads: `build` runs on the executor's tier-up thread, never on a tracing thread or a device
-worker; `InductorProgram.execute` runs on the device worker, like any `Computation`.
+worker; `InductorProgram.execute` runs where any `Computation` runs (the device worker, or a
+reader running its graph: `executor/read_here.py`).
 """
 from __future__ import annotations
 

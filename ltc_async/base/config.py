@@ -44,6 +44,9 @@ class Config:
     salvage: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_SALVAGE", 1) != 0)
     #: intra-op threads for each CPU device worker (0: torch's default split, see README)
     cpu_threads: int = field(default_factory=lambda: _env_int("LTC_ASYNC_CPU_THREADS", 0))
+    #: a blocking read runs the graph it waits for on its own thread when the CPU device is idle
+    #: (two thread hand-offs fewer; 0: always on the device worker; see `executor/read_here.py`)
+    read_here: bool = field(default_factory=lambda: _env_int("LTC_ASYNC_READ_HERE", 1) != 0)
     #: seconds a worker thread (device, compiler, tier-up) stays idle before it frees its OpenMP
     #: helper threads (0: never; see `base/openmp.py`)
     omp_idle_s: float = field(default_factory=lambda: _env_float("LTC_ASYNC_OMP_IDLE", 0.02))

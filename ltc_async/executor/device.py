@@ -56,6 +56,20 @@ def _mix64(x: int) -> int:
     return (x ^ (x >> 31)) & ((1 << 63) - 1)
 
 
+def run_claimed(ex: Execution, job: Callable[[], Any]) -> None:
+    """Run `job`, the work of `ex` that this thread claimed, and complete `ex` with its outcome."""
+    try:
+        result, error = job(), None
+    except BaseException as e:  # noqa: BLE001 - completes the execution, as on the worker
+        result, error = None, e
+    Worker._complete(ex, result, error)
+
+
+#: per thread: while a blocking read schedules, the list of executions it queued on idle CPU
+#: devices (`read_here.reading`): it runs them itself, or releases them to their workers
+reads = threading.local()
+
+
 class DeviceContext:
     """Everything ltc_async keeps per lazy device (see the module docstring)."""
 
@@ -77,6 +91,7 @@ class DeviceContext:
         self._rng_lock = threading.Lock()
         # queue state, guarded by _qlock
         self._qlock = threading.Lock()
+        self._reserved: Execution | None = None   # queued by a reader to run itself (`read_here.py`)
         self._seq = 0                   # seq of the newest queued execution
         self._inflight: collections.deque[Execution] = collections.deque()
         self._last: Execution | None = None
@@ -220,18 +235,45 @@ class DeviceContext:
         """Queue `fn(execution)` (its return value is the execution's list of outputs).  With
         `slot`, the caller holds an in-flight slot, which the worker gives back when the work
         ends."""
+        reserving = getattr(reads, "reserved", None)
         with self._qlock:
             self._seq += 1
             ex = Execution(label, self, self._seq)
+            reserve = reserving is not None and not self._inflight and self.backend_device.type == "cpu"
+            if reserve:                     # the device is idle: the reader that queues it runs it
+                ex.reserved = True
+                self._reserved = ex
             self._inflight.append(ex)
             self._last = ex
         if events.execution_job.on:   # the timeline, the profiler
             fn = events.execution_job.wrap(fn, ex)
-        return self.worker.submit(lambda: self._run(fn, ex, slot), ex)
+        ex.job = job = lambda: self._run(fn, ex, slot)
+        if reserve:   # not queued: run by its reader, or queued when released (`release`)
+            reserving.append(ex)
+            return ex
+        return self.worker.submit(job, ex)
+
+    def release(self, ex: Execution) -> None:
+        """A reserved execution its reader will not run: queued for the worker.  A later item
+        the worker reached first has run it already (`_run`); then its queue entry is skipped."""
+        job = ex.job
+        ex.unreserve()
+        if job is not None:
+            self.worker.submit(job, ex)
 
     def _run(self, fn: Callable[[Execution], Any], ex: Execution, slot: bool) -> Any:
-        """Worker side: the error is recorded and the slot freed *before* the future completes,
-        so whoever wakes up on it sees both."""
+        """Worker side (or a reader's, `read_here.py`): the error is recorded and the slot freed
+        *before* the future completes, so whoever wakes up on it sees both."""
+        ex.job = None
+        before = self._reserved
+        if before is not None and before is not ex:
+            # queued after an execution a reader reserved (`read_here.py`): that one first,
+            # run here if the reader released it, else waited for
+            before.wait_decided()
+            job = before.job
+            if job is not None and before.claim():
+                run_claimed(before, job)
+            before.wait()
         try:
             try:
                 outs = fn(ex)
@@ -247,6 +289,8 @@ class DeviceContext:
                     self._inflight.popleft()
                 else:
                     self._inflight.remove(ex)
+                if self._reserved is ex:
+                    self._reserved = None
             if slot:
                 self._slots.release()
 

@@ -107,6 +107,38 @@ class Execution(cf.Future):
         self.marker: Any = None  # backend completion marker (a CUDA event), see Backend
         self._wait_marker: Callable[[Any], None] | None = None
         self.failure: Any = None  # a `Failed` when some outputs could not be computed
+        self.job: Callable[[], Any] | None = None  # the work (`DeviceContext.submit`); None once started
+        self.reserved = False   # held for the reading thread that queued it (`read_here.py`)
+
+    def claim(self) -> bool:
+        """Make the calling thread the one that runs this execution: True when it had not
+        started (nor been cancelled); it is then this thread's to run and complete."""
+        with self._condition:   # an RLock: `set_running_or_notify_cancel` takes it again
+            if self.running() or self.done():
+                return False
+            self.reserved = False
+            self._condition.notify_all()
+            return self.set_running_or_notify_cancel()
+
+    def unreserve(self) -> None:
+        """The reader will not run it: whoever waits for its decision goes on."""
+        with self._condition:
+            self.reserved = False
+            self._condition.notify_all()
+
+    def wait_decided(self) -> None:
+        """Block while the reader that reserved this execution has not decided who runs it."""
+        with self._condition:
+            while self.reserved:
+                self._condition.wait()
+
+    def start_on_worker(self) -> bool:
+        """The worker's claim of a queued item (`Worker._run`): False when cancelled or
+        already run by another thread (a released reservation, `DeviceContext.release`)."""
+        with self._condition:
+            if self.running() or (self.done() and not self.cancelled()):
+                return False
+            return self.set_running_or_notify_cancel()
 
     def set_marker(self, backend: Any, device: Any) -> None:
         """Worker side, right after the backend returned: note how to wait for its kernels."""
@@ -359,7 +391,8 @@ class Worker:
             fn, future = item
             if self._stopping:
                 future.cancel()  # shutdown after Ctrl-C: waiters see it cancelled, never hang
-            if not future.set_running_or_notify_cancel():
+            start = getattr(future, "start_on_worker", None)   # an Execution a reader may take
+            if not (start() if start is not None else future.set_running_or_notify_cancel()):
                 continue
             try:
                 result = fn()

@@ -53,7 +53,7 @@ from ..base.callsite import caller_location
 from ..base.config import config
 from ..ir.interpreter import Interpreter
 from ..ir.node import DEVICE_DATA, Node, TensorMeta, make_data_node
-from . import compiler, tiers
+from . import compiler, read_here, tiers
 from .compiler import ComputationCache, GraphPlan, cache  # noqa: F401 - re-exported
 from .device import DeviceContext, lock_devices, raise_errors
 from .futures import (
@@ -63,7 +63,6 @@ from .futures import (
     Failed,
     Steps,
     twin,
-    wait_all,
 )
 
 
@@ -338,6 +337,13 @@ def materialize(tensors: Sequence[Any], inline: bool = False) -> Steps:
     return collect(tensors)
 
 
+def read_size(tensors: Sequence[Any]) -> list[Any]:
+    """`materialize(tensors, inline=True)` for a blocking data-dependent size read: the graph
+    may run on this thread (`read_here.py`)."""
+    with read_here.reading():
+        return read_here.run(materialize.steps(tensors, inline=True))
+
+
 def read(tensors: Sequence[Any]) -> list[Any]:
     """A host read (`.item()`, `.cpu()`, `print`, an eager fallback's inputs, a transfer).
 
@@ -350,13 +356,14 @@ def read(tensors: Sequence[Any]) -> list[Any]:
     # only devices where a read tensor is still pending: reading device data (an older value,
     # from a closure or another thread) must not cut another thread's half-traced step
     groups = {t._ctx: None for t in tensors if not t._v[0].is_data}
-    if groups:
-        schedule(groups, inline=True)
-    for t in tensors:   # a value of this step read on the host: see `before_backward`
-        ctx = t._ctx
-        if ctx.backward_seq is not None and t._v[0].data.seq > ctx.backward_seq:
-            ctx.read_since_backward = True
-    wait_all(needed(tensors))
+    with read_here.reading():
+        if groups:
+            schedule(groups, inline=True)
+        for t in tensors:   # a value of this step read on the host: see `before_backward`
+            ctx = t._ctx
+            if ctx.backward_seq is not None and t._v[0].data.seq > ctx.backward_seq:
+                ctx.read_since_backward = True
+        read_here.run_or_wait(needed(tensors))
     return collect(tensors)
 
 

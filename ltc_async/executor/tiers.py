@@ -307,7 +307,8 @@ class _Trial:
     programs slowed the tracing of PyG's GAT by 7%, more than their faster kernels gained).
     The top tier must not lose on either: a period alone cannot see a graph that is a small
     part of a step (27 graphs per step of a neural ODE: each period is the whole step, and
-    its noise is larger than the graph).  Touched by the device worker only."""
+    its noise is larger than the graph).  Touched only by the thread running the graph's
+    executions, one at a time: the device worker, or a reader running it (`read_here.py`)."""
 
     def __init__(self, ctx: Any, runs: int) -> None:
         self._backend, self._device, self._runs = ctx.backend, ctx.backend_device, runs

@@ -55,7 +55,7 @@ def _read(tensors: list[LtcTensor], func: Any) -> list[torch.Tensor]:
     counters.counter("SizeRead::" + name)
     counters.round_trip("size", name)
     events.host_read(func, f"the output size of aten::{name.split('.')[0]} (a data-dependent shape)")
-    return gx.materialize(tensors, inline=True)
+    return gx.read_size(tensors)
 
 
 def read_int(t: LtcTensor, func: Any) -> int:
