@@ -260,3 +260,24 @@ def test_a_read_of_two_devices_lets_their_workers_run_while_another_thread_queue
         t.join(60)
     assert not t.is_alive()
     torch.testing.assert_close(queued["y"], base + queued["n"])
+
+
+def test_a_read_inside_a_read_neither_hangs_nor_mixes_values():
+    """Code run while a read is under way reads another tensor (a diagnostics hook, a
+    finalizer): both reads return their values; nothing waits for itself."""
+    from ltc_async.base import events
+    side = torch.arange(4, dtype=torch.float32).to("ltc:0")
+    seen = []
+
+    def hook():
+        if not seen:
+            seen.append(None)
+            seen.append((side * 3).sum().item())     # a nested read on the same device
+    events.read_begins.subscribe(hook)
+    try:
+        x = torch.ones(16, 16, device="ltc:0")
+        got = (x @ x).sum().item()
+    finally:
+        events.read_begins.unsubscribe(hook)
+    assert got == 16 * 16 * 16
+    assert seen[1] == 18.0

@@ -98,8 +98,17 @@ def reading() -> Iterator[None]:
     """Around a blocking read: the executions it queues on idle CPU devices are reserved for
     this thread (the worker waits for them), run here by `run_or_wait`, and any left over --
     not needed by the read, or an exception on the way -- released to their workers."""
-    if not config.read_here or getattr(reads, "reserved", None) is not None \
-            or torch._C._len_torch_dispatch_stack():
+    outer = getattr(reads, "reserved", None)
+    if outer is not None:
+        # a read inside a read (a finalizer or a diagnostics hook run while the outer one
+        # prepares): what the outer one reserved goes to the workers now, or the worker would
+        # wait for the outer read while the outer read waits inside the inner one
+        for ex in outer:
+            if ex.reserved:
+                ex.ctx.release(ex)
+        yield
+        return
+    if not config.read_here or torch._C._len_torch_dispatch_stack():
         yield
         return
     reads.reserved = reserved = []
