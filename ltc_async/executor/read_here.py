@@ -52,7 +52,6 @@ from .device import reads, run_claimed
 from .futures import Execution, Steps, wait_all
 
 _fresh: tuple[Any, Any] | None = None
-_main = threading.main_thread()
 _SIGINT = int(signal.SIGINT)
 
 
@@ -76,7 +75,7 @@ def _ctrl_c_held() -> Iterator[None]:
     """On the main thread: a SIGINT arriving inside is delivered to the program's own handler
     once the block has finished.  (`_signal`, the C module under `signal`: `signal.signal`
     converts handlers to enums, ~8 us a read.)"""
-    if threading.current_thread() is not _main:
+    if threading.current_thread() is not threading.main_thread():   # (after a fork: the forking thread)
         yield
         return
     previous = _signal.getsignal(_SIGINT)
@@ -122,15 +121,17 @@ def reading() -> Iterator[None]:
 
 
 def run_or_wait(futures: Sequence[Any]) -> None:
-    """Wait for `futures` (`futures.wait_all`), first running here the one this thread
-    reserved, if the read needs just it (a read of several devices' executions lets their
-    workers run them side by side)."""
-    mine = [f for f in futures if type(f) is Execution and f.reserved]
-    if len(mine) == 1 and len(futures) == 1:
-        _run(mine[0])
-    else:
-        for f in mine:
-            f.ctx.release(f)
+    """Wait for `futures` (`futures.wait_all`), first running here the execution this thread
+    reserved if the read needs just that one.  Every other reservation of this thread is
+    released before any wait (a read of several devices' executions lets their workers run them
+    side by side; and a wait must never depend on a reservation only this thread can end)."""
+    reserved = getattr(reads, "reserved", None) or ()
+    target = futures[0] if len(futures) == 1 and futures[0] in reserved else None
+    for ex in reserved:
+        if ex is not target and ex.reserved:
+            ex.ctx.release(ex)
+    if target is not None and target.reserved:
+        _run(target)
     wait_all(futures)
 
 
