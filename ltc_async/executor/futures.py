@@ -202,13 +202,14 @@ Steps = Generator[list, None, "T"]   # yields lists of futures to wait for, retu
 T = TypeVar("T")
 
 
-def run(steps: Steps) -> Any:
-    """Drive an operation written as a generator of waits on this thread, blocking."""
+def run(steps: Steps, wait: Callable[[list], Any] = wait_all) -> Any:
+    """Drive an operation written as a generator of waits on this thread, blocking (`wait`:
+    how; a blocking read's runs its own graph first, `read_here.run_or_wait`)."""
     try:
         while True:
             waits = steps.send(None)
             if waits:
-                wait_all(waits)
+                wait(waits)
             else:
                 time.sleep(0.001)
     except StopIteration as stop:

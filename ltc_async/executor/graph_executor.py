@@ -62,6 +62,7 @@ from .futures import (
     Execution,
     Failed,
     Steps,
+    run,
     twin,
 )
 
@@ -341,7 +342,7 @@ def read_size(tensors: Sequence[Any]) -> list[Any]:
     """`materialize(tensors, inline=True)` for a blocking data-dependent size read: the graph
     may run on this thread (`read_here.py`)."""
     with read_here.reading():
-        return read_here.run(materialize.steps(tensors, inline=True))
+        return run(materialize.steps(tensors, inline=True), read_here.run_or_wait)
 
 
 def read(tensors: Sequence[Any]) -> list[Any]:

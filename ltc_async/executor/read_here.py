@@ -26,7 +26,8 @@ nothing else could run meanwhile:
 
 What the reading thread brings with it is set aside while it runs the graph: its number of
 intra-op threads becomes the worker's (a reduction split another way rounds another way;
-OpenMP's and MKL's settings are per thread); its dispatch key state (a read from inside
+OpenMP's and MKL's settings are per thread; PyTorch's own record of the count, which only
+threads initialized meanwhile read, is global); its dispatch key state (a read from inside
 functionalization's kernel excludes that key; autocast, inference mode) becomes a fresh
 thread's, as on the worker; and on the main thread, a Ctrl-C arriving
 meanwhile is held until the graph has run and then raised, so it interrupts the read, as it
@@ -41,7 +42,6 @@ import _signal
 import contextlib
 import signal
 import threading
-import time
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -49,7 +49,7 @@ import torch
 from ..base import counters
 from ..base.config import config
 from .device import reads, run_claimed
-from .futures import Execution, Steps, wait_all
+from .futures import Execution, wait_all
 
 _fresh: tuple[Any, Any] | None = None
 _SIGINT = int(signal.SIGINT)
@@ -135,20 +135,8 @@ def run_or_wait(futures: Sequence[Any]) -> None:
     wait_all(futures)
 
 
-def run(steps: Steps) -> Any:
-    """`futures.run` for a blocking read: each wait goes through `run_or_wait`."""
-    try:
-        while True:
-            waits = steps.send(None)
-            if waits:
-                run_or_wait(waits)
-            else:
-                time.sleep(0.001)
-    except StopIteration as stop:
-        return stop.value
-
-
 def _run(ex: Execution) -> None:
+    """Claim `ex` and run it on this thread as its worker would (see the module note)."""
     ctx = ex.ctx
     job = ex.job
     if job is None or not ex.claim():
