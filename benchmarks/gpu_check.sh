@@ -51,8 +51,10 @@ BENCH_EAGER_DEVICE=cuda timeout -s INT ${BENCH_S:-170} python3 -m benchmarks.ben
    --engines eager,inductor,ltc,ltc-tiered --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
 tail -14 $OUT/bench.txt
 el "generate"
-BENCH_EAGER_DEVICE=cuda timeout -s INT ${GEN_S:-45} python3 -m benchmarks.bench_generate --rounds 3 --new 32 \
-   --no-compile > $OUT/generate.txt 2>&1
+# (TorchScript only: generate()'s per-length graphs stay on their generic program anyway, and
+# settling its tiers would wait for Triton builds; 45 s gave only the cold calls on loan 4)
+LTC_ASYNC_TIERS=ts BENCH_EAGER_DEVICE=cuda timeout -s INT ${GEN_S:-70} python3 -m benchmarks.bench_generate \
+   --rounds 3 --new 32 --no-compile > $OUT/generate.txt 2>&1
 tail -8 $OUT/generate.txt
 # then the suite on cuda:0,cuda:0 (tiering's own tests in a run of their own, so they are
 # reached), with the example and ltc:0 = cuda:0 against eager CUDA (training, separate
@@ -60,11 +62,11 @@ tail -8 $OUT/generate.txt
 { el example; timeout 150 python3 examples/train_mlp.py 2>&1 | tail -25; el "example done"; } > $OUT/example.txt 2>&1 &
 { for c in mobilenet_v2 resnet; do timeout 120 python3 -m benchmarks.cuda_vs_eager --all --case $c; done; el "cuda_vs_eager done"; } > $OUT/cuda_vs_eager.txt 2>&1 &
 el "pytest"
-LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-260} python3 -m pytest -q -n 2 -p no:cacheprovider \
+LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-235} python3 -m pytest -q -n 2 -p no:cacheprovider \
    --timeout 200 --tb=short -rfE tests/test_tiers.py > $OUT/tiers.txt 2>&1 &
 # tests marked kernel_assert skip on CUDA (a device-side assert ends the CUDA context); a test
 # that ends it anyway ends its worker, which xdist replaces (tests/conftest.py)
-LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-260} python3 -m pytest -q -n 11 --max-worker-restart 200 \
+LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-235} python3 -m pytest -q -n 11 --max-worker-restart 200 \
    -p no:cacheprovider --timeout 200 --tb=short -rfE --junitxml=$OUT/junit.xml --ignore=tests/test_tiers.py \
    tests > $OUT/pytest.txt 2>&1
 tail -8 $OUT/pytest.txt
