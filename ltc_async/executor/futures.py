@@ -116,8 +116,7 @@ class Execution(cf.Future):
         with self._condition:   # an RLock: `set_running_or_notify_cancel` takes it again
             if self.running() or self.done():
                 return False
-            self.reserved = False
-            self._condition.notify_all()
+            self.unreserve()
             return self.set_running_or_notify_cancel()
 
     def unreserve(self) -> None:
