@@ -490,6 +490,37 @@ def test_write_through_inplace_as_strided_of_a_slice_reaches_the_base():
     same(lv, ev)
 
 
+def test_inplace_as_strided_of_an_empty_slice_of_an_as_strided_base():
+    # found by the CI fuzz run: the slice's base was itself re-viewed by as_strided_, so the
+    # bounds check had no base of whole views and used the empty slice's own storage
+    def prog(d):
+        x = torch.tensor([1.0, 2.0, 3.0], device=d)
+        x.as_strided_((1,), (1,))           # storage keeps 3 elements
+        v = x[..., 1:]                      # (0,) at storage offset 1 in eager
+        v.as_strided_((2,), (1,))           # storage elements 1 and 2
+        return x, v
+    for lazy, eager in zip(prog(DEV), prog("cpu")):
+        same(lazy, eager)
+    x = torch.tensor([1.0, 2.0], device=DEV)
+    x.as_strided_((1,), (1,))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x[..., 1:].as_strided_((2,), (1,))
+    same(x, torch.tensor([1.0]))
+
+
+def test_write_through_as_strided_of_a_slice_of_an_as_strided_base_raises_clearly():
+    # writing there needs the storage's elements outside `x` (eager writes element 1 of 0..3,
+    # which `x` does not show): a documented limit, not a wrong element
+    x = torch.arange(4.0, device=DEV)
+    x.as_strided_((2,), (2,))               # [0, 2]
+    v = x[1:]
+    v.as_strided_((1,), (1,), 1)
+    with pytest.raises(RuntimeError, match="whole base"):
+        v.mul_(10)
+    same(x, torch.tensor([0.0, 2.0]))
+    same(v, torch.tensor([1.0]))
+
+
 def _default_dtype_program(device: str) -> list:
     """Scientific code switching the default dtype, as a `with` block or a test fixture does."""
     out = []

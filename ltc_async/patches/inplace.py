@@ -259,6 +259,12 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
     if found is None:
         raise _no_base()
     root, prefix = found
+    # an `as_strided` replayed past the root addresses the whole storage: the host copy must be
+    # it, which only a root of whole views is (`x.as_strided_(...)` on a base is not)
+    if not all(kind in _WHOLE_VIEWS for kind, _ in prefix) and any(
+            kind in _AS_STRIDED for v in (view, *_flat((*args, *kwargs.values())))
+            if v is view or _alias_of(v, view, storage) for kind, _ in _chain(v)[len(prefix):]):
+        raise _no_base()
     host_root = root.detach().cpu()  # eager's layout (see special._to_copy): its storage order
 
     def host(v: Any) -> Any:
@@ -302,7 +308,8 @@ def check_aliasing_like_eager(view: torch.Tensor, write: Callable[..., Any], arg
 def _no_base() -> RuntimeError:
     return RuntimeError("ltc_async: this in-place write needs eager's memory aliasing, but the written "
                         "tensor does not lead to a tensor holding its whole base on ltc devices (a "
-                        "detach() of a view?); write through .clone(), or through a view of the base")
+                        "detach() of a view, or an as_strided_ of the base?); write through .clone(), or "
+                        "through a view of the base")
 
 
 # -- the entry points ---------------------------------------------------------------------------
@@ -391,7 +398,12 @@ def _checked_write(original: Callable[..., Any]) -> Callable[..., Any]:
 def _storage_probe(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor with `t`'s eager geometry in its base's storage (`as_strided_` checks its
     bounds against the whole storage, from `t`'s storage offset): `t`'s chain replayed on a
-    meta copy of the base; `t`'s own layout when no base is found."""
+    meta copy of the base, or on a flat meta storage of the same size when the chain begins
+    with an `as_strided` (which sees only the storage); `t`'s own layout when neither serves."""
+    chain = _chain(t)
+    if chain and chain[0][0] in _AS_STRIDED and None not in (state for _, state in chain):
+        flat = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=_META)
+        return replay_views(flat, t, 0)
     found = base_of(t, [])
     if found is None or not all(kind in _WHOLE_VIEWS for kind, _ in found[1]):
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
