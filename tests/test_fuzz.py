@@ -8,8 +8,9 @@ in autograd mode) must agree in dtype, shape and value.  A step eager rejects mu
 by ltc at the same step, or, for errors only the values can tell, when the result is read.
 
 Profiles (`LTC_FUZZ_PROFILE`):
-  ci    (default) a bounded run for the test suite; replays the failures stored in the example
-        database `tests/fuzz/.hypothesis` without writing to it;
+  ci    (default) a bounded run for the test suite, with a fixed seed (`LTC_FUZZ_SEED`): the
+        same programs every run; replays the failures stored in the example database
+        `tests/fuzz/.hypothesis` first, without writing to it;
   long  `make fuzz`: many more examples (`LTC_FUZZ_EXAMPLES`, default 3000 per test), random
         seeds, failures saved to the database so they replay.
 """
@@ -21,7 +22,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
 
 import ltc_async as ltc
@@ -37,7 +38,11 @@ settings.register_profile("ltc-fuzz-ci", max_examples=int(os.environ.get("LTC_FU
                           database=ReadOnlyDatabase(_DB), **_COMMON)
 settings.register_profile("ltc-fuzz-long", max_examples=int(os.environ.get("LTC_FUZZ_EXAMPLES", 3000)),
                           database=_DB, **_COMMON)
-PROFILE = settings.get_profile("ltc-fuzz-" + os.environ.get("LTC_FUZZ_PROFILE", "ci"))
+_NAME = os.environ.get("LTC_FUZZ_PROFILE", "ci")
+PROFILE = settings.get_profile("ltc-fuzz-" + _NAME)
+# the suite's run draws the same programs every time (a CI result depends on the commit, not on
+# luck; the database's entries still replay first); `make fuzz` explores with random seeds
+SEED = seed(int(os.environ.get("LTC_FUZZ_SEED", 20261127))) if _NAME == "ci" else (lambda test: test)
 
 DEV, OTHER = "ltc:0", "ltc:1"
 # errors an ltc run may report at a later read instead of at the step eager raised at
@@ -70,7 +75,7 @@ def _drain() -> None:
 
 # clear errors for documented limits of ltc (ltc_async/tensor/inplace.py), where eager computes
 _LIMITS = ("does not lead to a tensor holding its whole base", "cannot be recorded for autograd",
-           "on a tensor that requires grad is not supported")
+           "on a tensor that requires grad is not supported", "an ltc view keeps only its own elements")
 
 
 def _documented_limit(err: P.StepError | None) -> bool:
@@ -107,12 +112,14 @@ def check_program(program: P.Program) -> None:
         P.compare(got[:n], expected[:n], where)
 
 
+@SEED
 @settings(PROFILE)
 @given(P.programs())
 def test_random_programs_match_eager(program):
     check_program(program)
 
 
+@SEED
 @settings(PROFILE)
 @given(P.programs(autograd=True))
 def test_random_autograd_programs_match_eager(program):

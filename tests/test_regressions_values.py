@@ -521,6 +521,17 @@ def test_write_through_as_strided_of_a_slice_of_an_as_strided_base_raises_clearl
     same(v, torch.tensor([1.0]))
 
 
+def test_as_strided_of_a_view_reading_past_it_raises_clearly():
+    # found by the CI fuzz run: a view of a computed tensor keeps only its own elements on ltc,
+    # so an as_strided reaching into the rest of eager's storage is a documented limit
+    x = torch.arange(2.0, device=DEV).reshape(1, 2, 1).permute(2, 1, 0) * 1
+    v = torch.diagonal(x, 0)                     # one element of x's two
+    with pytest.raises(RuntimeError, match="an ltc view keeps only its own elements"):
+        v.as_strided((2,), (1,))
+    same(v.as_strided((1,), (1,)), torch.tensor([0.0]))   # within the view: eager's value
+    same(x.as_strided((2,), (1,)), torch.tensor([0.0, 1.0]))  # on the base, as the error says
+
+
 def _default_dtype_program(device: str) -> list:
     """Scientific code switching the default dtype, as a `with` block or a test fixture does."""
     out = []

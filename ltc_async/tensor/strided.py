@@ -71,7 +71,18 @@ def as_strided_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     x, size, stride, offset = full[:4]
     block = _block(x, size, stride, offset) if type(x) is LtcTensor else None
     if block is None:
-        return trace(func, info, full)   # eager, on eager's layout
+        try:
+            return trace(func, info, full)   # eager, on eager's layout
+        except RuntimeError as e:
+            if "out of bounds for storage" not in str(e):
+                raise
+            # functionalization gives `as_strided` of a view the view's own elements, not its
+            # base's storage: eager may read further there (a documented limit, said clearly)
+            raise RuntimeError(
+                f"ltc_async: as_strided{tuple(size), tuple(stride), offset} reads outside the "
+                f"{tuple(x._m.shape)} tensor it is called on ({e}); eager reads the storage of a "
+                f"view's base there, but an ltc view keeps only its own elements: call as_strided "
+                f"on the base tensor") from None
     start, n = block
     part = _op(aten.slice_copy.Tensor, _flat(x), 0, start, start + n)
     return _op(aten.view_copy.default, part, list(size))
