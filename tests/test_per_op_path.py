@@ -7,6 +7,8 @@ import torch
 
 import ltc_async as ltc
 
+aten = torch.ops.aten
+
 
 def _both(fn):
     return fn("cpu"), fn("ltc:0")
@@ -102,7 +104,8 @@ def _node_summary(t):
                                   "view", "clamp", "sum_dim", "addmm", "where", "int_pow",
                                   "arange", "full", "empty", "clone_same", "clone_contiguous",
                                   "float_number", "int_number", "bool_number", "number_first",
-                                  "int64_edge"])
+                                  "int64_edge", "cat", "stack", "gather_rows", "index_with_none",
+                                  "bool_mask"])
 def test_plans_build_the_node_the_generic_trace_builds(case):
     """Per-overload plans (trace.make_plan) and `trace` must make identical nodes."""
     from ltc_async.tensor import dispatch as d
@@ -134,21 +137,45 @@ def test_plans_build_the_node_the_generic_trace_builds(case):
             "bool_number": lambda: x * True,
             "number_first": lambda: torch.where(x > 3, 2.5, x),
             "int64_edge": lambda: i * (2 ** 62),
+            # tensor lists (`Tensor[]`, `Tensor?[]` with None entries)
+            "cat": lambda: torch.cat([x, x * 2], dim=1),
+            "stack": lambda: torch.stack([w, w + 1, w * 3]),
+            "gather_rows": lambda: x[i[0] % 3],
+            "index_with_none": lambda: x[:, i[1] % 4],
+            "bool_mask": lambda: x[x > 4.0],
         }[case]()
 
     first = program()          # fills the shape cache
-    planned = program()        # a shape-cache hit: the plan builds the node
-    saved = dict(d._routes)
+    saved, saved_plans = dict(d._routes), dict(tr._plans)
     d._routes.clear()
-    original = tr.make_plan
-    tr_generic = tr._generic_plan
-    d.make_plan = tr_generic   # every traced op through `trace` itself
+    tr._plans.clear()
+    calls = []
+    real_trace = tr.trace
+    tr.trace = lambda *a: calls.append(a[0]) or real_trace(*a)   # what new plans fall back to
     try:
-        generic = program()
+        planned = program()    # a shape-cache hit: the plan builds the node, not `trace`
     finally:
-        d.make_plan = original
+        tr.trace = real_trace
         d._routes.clear()
         d._routes.update(saved)
+        tr._plans.clear()
+        tr._plans.update(saved_plans)
+    # (a bool in a Tensor slot is a constant, not a runtime scalar: `trace` takes it)
+    assert calls == ([aten.mul.Tensor] if case == "bool_number" else []), f"the plans left {calls} to trace"
+    saved, saved_plans = dict(d._routes), dict(tr._plans)
+    d._routes.clear()
+    tr._plans.clear()
+    original = tr.make_plan
+    tr_generic = tr._generic_plan
+    d.make_plan = tr.make_plan = tr_generic   # every traced op through `trace` itself (handlers'
+    try:                                      # rewritten calls too: `trace.planned`)
+        generic = program()
+    finally:
+        d.make_plan = tr.make_plan = original
+        d._routes.clear()
+        d._routes.update(saved)
+        tr._plans.clear()
+        tr._plans.update(saved_plans)
     assert _node_summary(planned) == _node_summary(generic)
     torch.testing.assert_close(planned.cpu(), first.cpu())
     ltc.mark_step()

@@ -40,7 +40,7 @@ from ..ir.schema import op_info
 from . import host_counts, host_values
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor, make_tensor
-from .trace import check_host_arguments, trace
+from .trace import check_host_arguments, planned
 
 aten = torch.ops.aten
 
@@ -213,10 +213,9 @@ def _masked_select(func: Any, x: Any, mask: Any) -> Any:
 
 
 def _traced(func: Any, *args: Any) -> Any:
-    """`func` on the generic path (the call as given, or rewritten to static sizes)."""
+    """`func` traced (the call as given, or rewritten to static sizes), through its plan."""
     info = op_info(func)
-    counters.counter(info.counter)
-    return trace(func, info, list(args) + [None] * (len(info.arg_names) - len(args)))
+    return planned(func, info, list(args) + [None] * (len(info.arg_names) - len(args)))
 
 
 def _index_put(func: Any, x: Any, indices: Any, values: Any, accumulate: Any) -> Any:

@@ -447,11 +447,23 @@ def _unflatten(outs: list, out_spec: tuple) -> Any:
 # (a factory's device among them),
 # and a shape-cache hit that is not an eager fallback -- and builds exactly the node `trace`
 # builds; anything else (a device mismatch, a host tensor, a wide int, a first call) goes to
-# `trace`, which raises, uploads, infers or falls back as usual.  Ops with tensor lists,
-# generators and layout-dependent ops have no plan.
+# `trace`, which raises, uploads, infers or falls back as usual.  Ops with generators and
+# layout-dependent ops have no plan.  Handlers that rewrite a call (`data_dependent.py`: a
+# boolean mask as long indices) trace the rewritten call through its plan too (`planned`).
 
-_PLANNED = (K_TENSOR, OPT_TENSOR, CONST, K_SCALAR, NUM_CONST)
+_PLANNED = (K_TENSOR, OPT_TENSOR, K_TENSOR_LIST, CONST, K_SCALAR, NUM_CONST)
 _UP = object()   # a plan's template slot waiting for a 0-dim host tensor's upload
+
+
+_plans: dict[int, Any] = {}   # id(OpOverload) -> its plan, for `planned` (racing threads store equals)
+
+
+def planned(func: Any, info: OpInfo, full: list) -> Any:
+    """`trace(func, info, full)` through `func`'s plan (counted, as a dispatched call is)."""
+    plan = _plans.get(id(func))
+    if plan is None:
+        plan = _plans[id(func)] = make_plan(func, info)
+    return plan(tuple(full), None)
 
 
 def _generic_plan(func: Any, info: OpInfo) -> Any:
@@ -536,6 +548,27 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                     f"        sc.append({a})"]
             src += ["    else:",
                     f"        return _trace(func, info, {full})"]
+        elif k == K_TENSOR_LIST:   # `cat`'s tensors, `index`'s optional index tensors
+            src += [f"    if {a} is None:",
+                    f"        {e} = None",
+                    "    else:",
+                    "        refs = []",
+                    f"        for x in {a}:",
+                    "            if type(x) is LtcTensor:",
+                    "                c = x._ctx",
+                    "                if c is not ctx:",
+                    "                    if ctx is not None:",
+                    f"                        return _trace(func, info, {full})",
+                    "                    ctx = c",
+                    "                refs.append(len(ops))",
+                    "                o = x._v",
+                    "                ops.append(o)",
+                    "                ms.append(o[0].outputs[o[1]])",
+                    "            elif x is None:",
+                    "                refs.append(None)",
+                    "            else:",   # a host tensor (an index list may hold one): `trace`
+                    f"                return _trace(func, info, {full})",
+                    f"        {e} = (TENSOR_LIST, tuple(refs))"]
         elif k == CONST:
             src += [f"    {e} = tuple({a}) if type({a}) is list else {a}"]
             if factory:
@@ -584,6 +617,7 @@ def make_plan(func: Any, info: OpInfo) -> Any:
                      counter=info.counter, _counters=_counters, bind=info.bind, **defaults,
                      _device=torch.device, _arena_get=arena.get,
                      _Tensor=torch.Tensor, _TREFS=_TREFS, _SREFS=_SREFS, SCALAR=SCALAR, _UP=_UP,
+                     TENSOR_LIST=TENSOR_LIST,
                      _INT64=_INT64, _is_wide=_is_wide, exact=exact, scalar_node=scalar_node,
                      stand_ins=stand_ins, _cache_get=_cache_get, FALLBACK=shapes.FALLBACK, Node=Node, _ONE=_ONE,
                      make_tensor=make_tensor, _unflatten=_unflatten, config=config,
