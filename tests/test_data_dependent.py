@@ -152,7 +152,7 @@ def test_mixture_of_experts_trains_like_eager_on_the_device():
     assert ltc.metrics.counter_value("EagerFallback") == 0
     # one size read per step: the first expert's count, read with the routing choice it is
     # computed from; the other experts' counts are computed from it on the host
-    # (`host_counts.py`); the backward's index ops reuse them
+    # (`host_compute.py`); the backward's index ops reuse them
     assert ltc.metrics.counter_value("SizeRead") == 4
     assert ltc.metrics.counter_value("SizeReadOnHost") == 3 * 4
 

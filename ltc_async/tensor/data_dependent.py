@@ -37,7 +37,7 @@ from ..base import counters, events
 from ..executor import graph_executor as gx
 from ..ir.node import post_order
 from ..ir.schema import op_info
-from . import host_counts, host_values
+from . import host_compute, host_values
 from .dispatch import dispatch, register_handlers
 from .lazy_tensor import LtcTensor, make_tensor
 from .trace import check_host_arguments, planned
@@ -147,14 +147,14 @@ def _nonzero(func: Any, x: LtcTensor) -> Any:
     n, token = _recall(x, "count_nonzero")
     if n is None:
         count = _op(aten.count_nonzero.default, x)
-        n = host_counts.count(count)
+        n = host_compute.count(count)
         if n is not None:   # an exact function of small values read before: no round trip
             counters.counter("SizeReadOnHost")
-        else:   # read, with the small values the mask is computed from (`host_counts.py`)
-            below = host_counts.frontier(x)
+        else:   # read, with the small values the mask is computed from (`host_compute.py`)
+            below = host_compute.frontier(x)
             extra = [make_tensor(x._ctx, node, i, node.outputs[i]) for node, i in below]
             values = _read([count, *extra], func)
-            host_counts.remember(below, values[1:])
+            host_compute.remember(below, values[1:])
             n = int(values[0].item())
         _remember(x, "count_nonzero", n, token)
     return _op(aten.nonzero_static.default, x, size=n, fill_value=-1)

@@ -33,9 +33,11 @@ from ..executor.device import DeviceContext
 from ..executor.futures import BackendData
 from ..ir.node import Node, TensorMeta, exact, make_data_node
 from ..ir.schema import GENERATOR, OpInfo
+from . import host_compute
 from .lazy_tensor import LtcTensor, make_tensor, tensors_in, unwrap
 
 _META = torch.device("meta")
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
 def seed_from(ctx: DeviceContext, gen: Any) -> int:
@@ -211,9 +213,15 @@ def eager_fallback(func: Any, info: OpInfo, full: list, ctx: DeviceContext) -> A
 
 
 def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
-    """Ops whose result is not a tensor (`.item()`, `bool(t)`, `equal`): a data-dependent sync."""
+    """Ops whose result is not a tensor (`.item()`, `bool(t)`, `equal`): a data-dependent sync,
+    unless the value is computed on the host from values it has (`host_compute.py`)."""
     counters.counter("DataDependentSync")
     events.host_read(func)   # findings (user line); the sync guard
+    if func is _LOCAL_SCALAR and type(args[0]) is LtcTensor and not kwargs:
+        known = host_compute.scalar(args[0])
+        if known is not None:
+            counters.counter("ReadOnHost")
+            return func(known)
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     if ctx is not None:
         counters.round_trip("read", info.name)

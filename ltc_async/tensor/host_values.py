@@ -3,7 +3,7 @@
 Design note.  A value read once need not be read again while its lazy value lives: a mask's
 count serves every index op of the step and the backward (`data_dependent.py`), the small
 integer tensors a mask is computed from let later masks be counted on the host
-(`host_counts.py`).  Both keep what they read here, one store keyed by IR value -- the node
+(`host_compute.py`).  Both keep what they read here, one store keyed by IR value -- the node
 and output index -- and *what* was read of it (a count, a max, the whole tensor): weak keys,
 so an entry goes with its step's graph.
 
