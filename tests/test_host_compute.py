@@ -122,3 +122,15 @@ def test_a_step_counter_on_the_device_keeps_the_training_step_one_pending_graph(
     assert ltc.metrics.counter_value("SyncTensorsGraphCount") == 6
     for a, b in zip(got, want):
         torch.testing.assert_close(a.detach().cpu(), b.detach())
+
+
+@on_cpu_backing
+def test_a_value_read_once_is_known_to_later_reads():
+    # a loss read to the host, then compared with thresholds: one read, the comparisons on the host
+    w = torch.nn.Linear(3, 1).to(DEV)
+    loss = w(torch.ones(1, 3).to(DEV)).pow(2).sum()
+    ltc.metrics.reset()
+    value = loss.item()
+    assert [bool(loss > 0.5), bool(loss * 2 <= value * 2), (loss - value).item()] == \
+        [value > 0.5, True, 0.0]
+    assert _trips() == 1 and ltc.metrics.counter_value("ReadOnHost") == 3

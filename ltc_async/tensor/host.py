@@ -225,6 +225,8 @@ def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     if ctx is not None:
         counters.round_trip("read", info.name)
+        if func is _LOCAL_SCALAR and type(args[0]) is LtcTensor:   # known from now on
+            host_compute.remember([args[0]._v], [hargs[0]])
     out = func(*hargs, **hkwargs)
     return _wrap_outputs(out, ctx) if ctx is not None else out
 
