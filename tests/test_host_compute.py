@@ -134,3 +134,45 @@ def test_a_value_read_once_is_known_to_later_reads():
     assert [bool(loss > 0.5), bool(loss * 2 <= value * 2), (loss - value).item()] == \
         [value > 0.5, True, 0.0]
     assert _trips() == 1 and ltc.metrics.counter_value("ReadOnHost") == 3
+
+
+@on_cpu_backing
+def test_an_adaptive_loop_reads_once_then_decides_on_the_host():
+    # an adaptive solver's pattern: an error estimate computed on the device and read, then
+    # compared with several tolerances (the comparisons need no second read)
+    def loop(dev):
+        torch.manual_seed(0)
+        f = torch.nn.Linear(3, 3).to(dev)
+        y = torch.ones(2, 3).to(dev)
+        h = torch.tensor(0.5).to(dev)
+        decisions = []
+        for _ in range(4):
+            err = (f(y) - y).abs().max()
+            err_value = err.item()                       # the one read of the step
+            ok = bool(err * h < 0.7)
+            decisions.append((err_value, ok, bool(err / h > 1.0), (h * 2).item()))
+            h = torch.where(err * h < 0.7, h * 1.5, h * 0.5)
+            y = y + h * f(y)
+        return decisions
+    want = loop("cpu")
+    ltc.metrics.reset()
+    got = loop(DEV)
+    assert [d[1:] for d in got] == [d[1:] for d in want]
+    assert [d[0] for d in got] == pytest.approx([d[0] for d in want], rel=1e-6)
+    assert _trips() == 4   # the error estimate of each step; the rest on the host
+
+
+@pytest.mark.kernel_assert
+def test_a_failed_execution_is_still_raised_by_the_next_read():
+    # values made by an execution no barrier has covered are read from the device: a failure
+    # there is raised at this read, as before (never skipped by a host computation)
+    x = torch.arange(3.0).to(DEV)
+    bad = x.index_select(0, torch.tensor([7]).to(DEV))
+    total = x.sum()
+    ltc.mark_step()
+    with pytest.raises(ltc.ExecutionError):
+        bool(total > 0)
+    assert bool(total > 0)        # reported once; the value was computed and is known now
+    with pytest.raises(ltc.ComputationError):
+        bad.cpu()
+    assert (x * 2).sum().item() == 6.0

@@ -99,6 +99,11 @@ class DeviceContext:
         self._slots = threading.Semaphore(self.max_inflight)
         self._errors: list[ExecutionError] = []
         self._dropped = 0
+        # the newest seq a barrier has covered: those executions have finished and their errors
+        # were taken (`raise_errors`); values they made may be read without a barrier
+        # (`tensor/host_compute.py`).  Only grows; a plain attribute (a racing reader that sees
+        # an older value takes the barrier it would have taken anyway)
+        self.covered_upto = 0
         self._error_lock = threading.Lock()
         # `graph_executor.before_backward`: the seq of the newest execution queued when the
         # last backward pass over this device's tensors began (None before the first), and
@@ -355,6 +360,7 @@ def raise_errors(covered: Sequence[tuple[DeviceContext, int | None]]) -> None:
     taken: list[ExecutionError] = []
     dropped = 0
     for ctx, upto in covered:
+        ctx.covered_upto = max(ctx.covered_upto, ctx._seq if upto is None else upto)
         errors, n = ctx.take_errors(upto)
         taken.extend(errors)
         dropped += n

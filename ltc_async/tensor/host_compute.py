@@ -14,8 +14,9 @@ already has, and then need no device round trip:
   whose frontier is known is counted on the host (`count`, `SizeReadOnHost`).
 * **scalar reads** (`.item()`, `bool(t)`, `if t1 >= t[j]`) of values computed from constants:
   an ODE solver compares its time grid with the user's `t` at every step (torchdiffeq: 27 reads
-  a step), a loop tests a step counter.  When the read value's graph reaches only known values
-  -- small constants uploaded from the host on a CPU-backed device, values read before -- through
+  a step), a loop tests a step counter.  When the read value's graph reaches only values the
+  host has -- small device data of a CPU-backed device that was uploaded or made by an
+  execution a barrier (a read, `wait_device_ops`) has covered, values read before -- through
   ops whose results are the same bits on every device, it is computed on the host (`scalar`,
   `ReadOnHost`): no cut, no wait for the device, the step stays one pending graph.  The read is
   still a data-dependent read of the program: `DataDependentSync` counts it and the sync guard
@@ -78,7 +79,9 @@ _FLOAT_OPS = frozenset({
     "alias_copy", "view_copy", "expand_copy", "select_copy", "slice_copy", "unsqueeze_copy",
     "squeeze_copy", "permute_copy", "t_copy", "transpose_copy", "unbind_copy", "split_copy",
     "select_scatter", "slice_scatter",
-    "arange", "full", "scalar_tensor", "zeros", "ones",
+    "_is_all_true", "_is_any_true", "isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit",
+    "sign", "nan_to_num", "arange", "full", "scalar_tensor", "zeros", "ones", "zeros_like",
+    "ones_like", "full_like",
 })
 _FLOATS = frozenset({torch.float32, torch.float64})
 _SMALL = 4096        # elements of any value a scalar read is computed from on the host
@@ -108,13 +111,15 @@ def _replayable(node: Node) -> bool:
     return all(_small(m) for m in node.outputs)
 
 
-def _constant(node: Node, idx: int) -> torch.Tensor | None:
-    """A small device-data value the host has: uploaded from it (or an eager fallback's
-    result) on a CPU-backed device, whose backend value is a CPU tensor already."""
+def _on_host(node: Node, idx: int) -> torch.Tensor | None:
+    """A small device-data value the host has on a CPU-backed device, whose backend values are
+    CPU tensors: uploaded from the host (or an eager fallback's result), or the output of a
+    finished execution that a barrier has covered (its errors were raised there: a read of the
+    value now would raise nothing, and which reads are computed here follows program order)."""
     data = node.data
-    if data.seq != 0 or data.future is not None or not _small(node.outputs[idx]):
-        return None
     ctx = data.device
+    if data.seq > ctx.covered_upto or data.future is not None or not _small(node.outputs[idx]):
+        return None
     if ctx.backend_device.type != "cpu":
         return None
     value = ctx.backend.to_torch(data.resolve())
@@ -138,7 +143,7 @@ def scalar(t: Any) -> Any:
         got = _known(v)
         if got is None:
             if node.is_data:
-                got = _constant(node, idx)
+                got = _on_host(node, idx)
             elif budget[0] > 0 and _replayable(node):
                 budget[0] -= 1
                 args = []
