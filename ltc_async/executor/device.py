@@ -101,8 +101,9 @@ class DeviceContext:
         self._dropped = 0
         # the newest seq a barrier has covered: those executions have finished and their errors
         # were taken (`raise_errors`); values they made may be read without a barrier
-        # (`tensor/host_compute.py`).  Only grows; a plain attribute (a racing reader that sees
-        # an older value takes the barrier it would have taken anyway)
+        # (`tensor/host_compute.py`).  A plain attribute: two barriers racing to raise it may
+        # leave the lower value, and a reader may see an older one -- either way a read then
+        # takes the barrier it would have taken anyway, never a wrong value
         self.covered_upto = 0
         self._error_lock = threading.Lock()
         # `graph_executor.before_backward`: the seq of the newest execution queued when the
