@@ -19,9 +19,13 @@ The rule, per target:
   replays it on its first use: a `weight.t()` per `Linear` per token of inference, if the
   parameters had taken their values as updates).  Every `nn.Parameter` is such a view (it
   detaches its data), so without this an optimizer step would cost one view replay per
-  parameter.  Bases are not given fresh storages on later writes: `set_` would detach them
-  from the `AccumulateGrad` nodes of a live autograd graph (`swap_tensors`, which
-  `module.cpu()` uses to keep parameter objects, then refuses them);
+  parameter.  A *leaf base* no other tensor shares (a parameter after its first step, an
+  optimizer state) takes a fresh storage the same way by `t.data = value`, which keeps its
+  autograd identity (`set_` would detach it from the `AccumulateGrad` nodes of a live autograd
+  graph, and `swap_tensors`, which `module.cpu()` uses to keep parameter objects, would then
+  refuse it): without it, every optimizer step left each parameter's storage updated, and every
+  view of it -- each `weight.t()` of each forward and backward -- was replayed on first use
+  (torchdiffeq's neural ODE: 238 of its 1989 ops a step);
 * every other wrapper takes the value as an update of its storage (`replace` + `commit_update`)
   and is synced, so every alias sees it;
 * version counters are bumped where `set_` did not, unless the caller's dispatcher path bumps
@@ -58,6 +62,10 @@ def _unshared_view(t: torch.Tensor) -> bool:
     return not _is_base(t) and _use_count(t.untyped_storage()._cdata) == 2
 
 
+def _unshared_base(t: torch.Tensor) -> bool:
+    return _is_base(t) and _use_count(t.untyped_storage()._cdata) == 2
+
+
 def write(targets: Sequence[Any], values: Sequence[LtcTensor], bump: bool = True,
           layouts: Sequence[Any] | None = None) -> None:
     """Each target takes the lazy value `values[i]` (see the module note).  `layouts[i]`, when
@@ -74,6 +82,12 @@ def write(targets: Sequence[Any], values: Sequence[LtcTensor], bump: bool = True
                        t.dtype == m.dtype and tuple(t.shape) == m.shape and t.stride() == m.stride)
         if same_layout and _unshared_view(t):
             _set(t, _wrap(v))   # a fresh storage holding `v`, at generation 0: nothing to update
+            continue
+        if same_layout and t.is_leaf and _unshared_base(t):
+            # a parameter (or optimizer state) no view shares: a fresh storage too, by `.data`,
+            # which keeps the tensor's autograd identity (its AccumulateGrad, hooks, `.grad`)
+            t.data = _wrap(v)
+            to_bump.append(t)
             continue
         to_bump.append(t)
         update(t, v)
