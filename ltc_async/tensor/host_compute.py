@@ -52,7 +52,6 @@ _MAX_NODES = 64          # a mask computed by more ops than this is read as befo
 _CPU = torch.device("cpu")
 
 
-
 def _exact(node: Node) -> bool:
     """Does `node` compute integers from integers with an op whose result is device-independent?"""
     op = node.op
@@ -126,12 +125,10 @@ def _on_host(node: Node, idx: int) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) and value.device.type == "cpu" else None
 
 
-def scalar(t: Any) -> Any:
-    """The value of the lazy tensor `t` (one element) as a host tensor, computed on the host if
-    its graph reaches only known values through replayable ops; None otherwise."""
-    m = t._m
-    if any(s != 1 for s in m.shape) or (m.dtype not in _INTEGER and m.dtype not in _FLOATS):
-        return None
+def _evaluate(root: tuple[Node, int], replayable: Any, leaf: Any) -> torch.Tensor | None:
+    """The value of `root` computed on the host: known values (`host_values`), device data
+    `leaf(node, idx)` gives, and at most `_MAX_NODES` nodes `replayable` accepts, replayed by
+    eager on the CPU; None if anything on the way is neither."""
     memo: dict[tuple[int, int], Any] = {}
     budget = [_MAX_NODES]
 
@@ -143,8 +140,8 @@ def scalar(t: Any) -> Any:
         got = _known(v)
         if got is None:
             if node.is_data:
-                got = _on_host(node, idx)
-            elif budget[0] > 0 and _replayable(node):
+                got = leaf(node, idx)
+            elif budget[0] > 0 and replayable(node):
                 budget[0] -= 1
                 args = []
                 for o in node.operands:
@@ -159,32 +156,22 @@ def scalar(t: Any) -> Any:
                     got = outs[idx]
         memo[k] = got
         return got
-    return value(t._v)
+    return value(root)
+
+
+def scalar(t: Any) -> Any:
+    """The value of the lazy tensor `t` (one element) as a host tensor, computed on the host if
+    its graph reaches only values the host has through replayable ops; None otherwise."""
+    m = t._m
+    if any(s != 1 for s in m.shape) or (m.dtype not in _INTEGER and m.dtype not in _FLOATS):
+        return None
+    return _evaluate(t._v, _replayable, _on_host)
 
 
 def count(c: Any) -> int | None:
     """The value of the 0-dim lazy count `c`, computed on the host if its graph is exact integer
     ops over known values; None otherwise."""
-    memo: dict[tuple[int, int], Any] = {}
-    budget = [_MAX_NODES]
-
-    def value(v: tuple[Node, int]) -> torch.Tensor | None:
-        node, idx = v
-        k = (id(node), idx)
-        if k in memo:
-            return memo[k]
-        got = _known(v)
-        if got is None and not node.is_data and budget[0] > 0 and _exact(node):
-            budget[0] -= 1
-            args = [value(o) for o in node.operands]
-            if all(a is not None for a in args):
-                outs = Interpreter.run_node(node, args, _CPU)
-                for j, o in enumerate(outs):
-                    memo[(id(node), j)] = o
-                got = outs[idx]
-        memo[k] = got
-        return got
-    out = value(c._v)
+    out = _evaluate(c._v, _exact, lambda node, idx: None)
     return None if out is None else int(out)
 
 
