@@ -255,15 +255,15 @@ def write_on_host(view: torch.Tensor, write: Callable[..., Any], args: tuple, kw
                            "cannot be recorded for autograd on ltc devices; write through .clone() or "
                            "under torch.no_grad()")
     storage = _storage(view)
-    found = base_of(view, [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)])
+    aliases = [v for v in _flat((*args, *kwargs.values())) if _alias_of(v, view, storage)]
+    found = base_of(view, aliases)
     if found is None:
         raise _no_base()
     root, prefix = found
     # an `as_strided` replayed past the root addresses the whole storage: the host copy must be
     # it, which only a root of whole views is (`x.as_strided_(...)` on a base is not)
     if not all(kind in _WHOLE_VIEWS for kind, _ in prefix) and any(
-            kind in _AS_STRIDED for v in (view, *_flat((*args, *kwargs.values())))
-            if v is view or _alias_of(v, view, storage) for kind, _ in _chain(v)[len(prefix):]):
+            kind in _AS_STRIDED for v in (view, *aliases) for kind, _ in _chain(v)[len(prefix):]):
         raise _no_base()
     host_root = root.detach().cpu()  # eager's layout (see special._to_copy): its storage order
 

@@ -410,17 +410,9 @@ def _index_kernel(ks: Any, self: torch.Tensor, indices: list) -> Any:
         if any(isinstance(i, _Tensor) and _lazy(i) for i in indices):
             return aten.index.Tensor(self, _read(list(indices), self.device))
     elif not _dispatch_modes():
-        inner = inner_of(self)
+        inner = _inner_arguments((self, indices), {})
         if inner is not None:
-            lst: list = []
-            for i in indices:
-                if i is not None:
-                    i = inner_of(i)
-                    if i is None:
-                        break
-                lst.append(i)
-            else:
-                return wrap(dispatch(aten.index.Tensor, (inner, lst), None))
+            return wrap(dispatch(aten.index.Tensor, tuple(inner[0]), None))
     return _originals["aten::index.Tensor"].call_boxed(ks, self, indices)
 
 

@@ -217,7 +217,8 @@ def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     unless the value is computed on the host from values it has (`host_compute.py`)."""
     counters.counter("DataDependentSync")
     events.host_read(func)   # findings (user line); the sync guard
-    if func is _LOCAL_SCALAR and type(args[0]) is LtcTensor and not kwargs:
+    scalar = func is _LOCAL_SCALAR and type(args[0]) is LtcTensor and not kwargs
+    if scalar:
         known = host_compute.scalar(args[0])
         if known is not None:
             counters.counter("ReadOnHost")
@@ -225,7 +226,7 @@ def host_op(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     hargs, hkwargs, ctx = _materialize_args(args, kwargs)
     if ctx is not None:
         counters.round_trip("read", info.name)
-        if func is _LOCAL_SCALAR and type(args[0]) is LtcTensor:   # known from now on
+        if scalar:   # known from now on
             host_compute.remember([args[0]._v], [hargs[0]])
     out = func(*hargs, **hkwargs)
     return _wrap_outputs(out, ctx) if ctx is not None else out

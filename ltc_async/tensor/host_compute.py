@@ -52,6 +52,17 @@ _MAX_NODES = 64          # a mask computed by more ops than this is read as befo
 _CPU = torch.device("cpu")
 
 
+def _numel(m: Any) -> int:
+    n = 1
+    for s in m.shape:
+        n *= s
+    return n
+
+
+def _draws_random(node: Node) -> bool:
+    return any(type(e) is tuple and e and type(e[0]) is Tag and e[0] is RNG for e in node.template)
+
+
 def _exact(node: Node) -> bool:
     """Does `node` compute integers from integers with an op whose result is device-independent?"""
     op = node.op
@@ -63,7 +74,7 @@ def _exact(node: Node) -> bool:
         return False
     if any(type(v) not in (int, bool) for v in node.scalars):
         return False
-    return not any(type(e) is tuple and e and type(e[0]) is Tag and e[0] is RNG for e in node.template)
+    return not _draws_random(node)
 
 
 def _known(value: tuple[Node, int]) -> torch.Tensor | None:
@@ -87,10 +98,7 @@ _SMALL = 4096        # elements of any value a scalar read is computed from on t
 
 
 def _small(m: Any) -> bool:
-    numel = 1
-    for s in m.shape:
-        numel *= s
-    return numel <= _SMALL
+    return _numel(m) <= _SMALL
 
 
 def _replayable(node: Node) -> bool:
@@ -103,9 +111,7 @@ def _replayable(node: Node) -> bool:
     dtypes = [m.dtype for m in node.outputs] + [o.outputs[i].dtype for o, i in node.operands]
     if any(d not in _INTEGER and d not in _FLOATS for d in dtypes):
         return False
-    if any(type(v) not in (int, bool, float) for v in node.scalars):
-        return False
-    if any(type(e) is tuple and e and type(e[0]) is Tag and e[0] is RNG for e in node.template):
+    if any(type(v) not in (int, bool, float) for v in node.scalars) or _draws_random(node):
         return False
     return all(_small(m) for m in node.outputs)
 
@@ -198,10 +204,7 @@ def frontier(mask: Any) -> list[tuple[Node, int]]:
             stack.extend(o.operands)
             continue
         meta = o.outputs[i]
-        numel = 1
-        for s in meta.shape:
-            numel *= s
-        if meta.dtype not in _INTEGER or numel > _MAX_ELEMENTS:
+        if meta.dtype not in _INTEGER or _numel(meta) > _MAX_ELEMENTS:
             return []
         found.append(v)
     return found
