@@ -20,7 +20,8 @@ already has, and then need no device round trip:
   ops whose results are the same bits on every device, it is computed on the host (`scalar`,
   `ReadOnHost`): no cut, no wait for the device, the step stays one pending graph.  The read is
   still a data-dependent read of the program: `DataDependentSync` counts it and the sync guard
-  sees it, as before.
+  sees it, as before.  It is not a barrier: a failure of work queued before it is raised by
+  the next read that syncs, or `wait_device_ops`.
 
 Exact by construction: the replayed ops (`Interpreter.run_node`, eager on the CPU) are integer
 and boolean ops, and for float32/float64 only correctly rounded IEEE operations (arithmetic,
