@@ -171,26 +171,44 @@ def test_no_step_waits_for_a_build(monkeypatch, tmp_path, request):
     assert _counts()["TierUpRun"] >= 3 and after
 
 
-def test_graphs_run_once_or_with_changing_scalars_are_not_built():
+def test_a_batch_size_that_changes_every_step_gets_one_shape_generic_program():
+    """No graph runs twice (a new batch size every step), but they share one shape-generic
+    program (`executor/generic.py`): that program turns hot and is built once by Inductor with
+    the batch size symbolic; batch sizes never seen before then run on it, with eager's values."""
+    g = torch.Generator().manual_seed(3)
+    m = _mlp()
+    lazy = copy.deepcopy(m).to(DEV)
+    ltc.metrics.reset()
+    for n in range(2, 2 + config.tier_up_after + 1):
+        x = torch.randn(n, 32, generator=g)
+        torch.testing.assert_close((lazy(x.to(DEV)) * 1).sum(0).cpu(), (m(x) * 1).sum(0), rtol=1e-4, atol=1e-5)
+    assert ltc.debug.wait_compiles(600)
+    assert _counts()["TierUpCompile"] == 1
+    before = _counts()["TierUpRun"]
+    for n in (17, 40, 9, 23):       # sizes the build never saw
+        x = torch.randn(n, 32, generator=g)
+        torch.testing.assert_close((lazy(x.to(DEV)) * 1).sum(0).cpu(), (m(x) * 1).sum(0), rtol=1e-4, atol=1e-5)
+    c = _counts()
+    assert c["TierUpRun"] - before == 4 and c["TierUpCompile"] == 1 and c["TierUpFailed"] == 0, c
+
+
+def test_a_graph_whose_baked_scalar_changes_every_step_is_not_built():
+    """A clamp bound that changes every step: a scalar the top tier would bake in."""
     g = torch.Generator().manual_seed(3)
     m = _mlp().to(DEV)
-    ltc.metrics.reset()
-    for n in range(2, 12):          # a new batch size every step: no graph runs twice
-        (m(torch.randn(n, 32, generator=g).to(DEV)) * 1).sum().cpu()
-    # a clamp bound that changes every step: a scalar the top tier would bake in
     xs = torch.randn(8, 32, generator=g).to(DEV)
+    ltc.metrics.reset()
     for step in range(6):
         m(xs).clamp(max=float(step)).sum().cpu()
     assert ltc.debug.wait_compiles(600)
     assert _counts()["TierUpCompile"] == 0
 
 
-def test_a_growing_sequence_repeated_builds_a_few_of_its_lengths_and_buckets_all():
-    """generate()'s pattern: every call walks the same growing lengths, one graph per length,
-    so each length is hot after a few calls -- yet building one top-tier program per length
-    is seconds of compiling for one small graph among many (measured: nothing gained per
-    token).  Only a skeleton's first few shapes are built; a few alternating buckets all are."""
-    from ltc_async.executor import generic
+def test_a_growing_sequence_and_alternating_buckets_are_built_once_for_all_their_lengths():
+    """generate()'s pattern: every call walks the same growing lengths, one graph per length.
+    They share one shape-generic program, built once with the length symbolic (not once per
+    length: seconds of compiling each); a few alternating buckets alike.  Lengths the build
+    never saw run on it, and every value is eager's."""
     torch.manual_seed(0)
     w = torch.randn(16, 16).to(DEV)
 
@@ -198,20 +216,34 @@ def test_a_growing_sequence_repeated_builds_a_few_of_its_lengths_and_buckets_all
         x = torch.ones(n, 16, device=DEV)
         return (torch.tanh(x @ w) * 0.5).sum(0).cpu()
 
-    ltc.metrics.reset()
-    lengths = range(3, 3 + 4 * generic._BUILT_PER_SKELETON)
-    for _ in range(config.tier_up_after + 1):
-        for n in lengths:
-            torch.testing.assert_close(step(n), (torch.tanh(torch.ones(n, 16) @ w.cpu()) * 0.5).sum(0))
-    assert ltc.debug.wait_compiles(600)
-    assert 1 <= _counts()["TierUpCompile"] <= generic._BUILT_PER_SKELETON
+    def eager(n):
+        return (torch.tanh(torch.ones(n, 16) @ w.cpu()) * 0.5).sum(0)
 
     ltc.metrics.reset()
-    for _ in range(config.tier_up_after + 1):       # three buckets of a new skeleton
-        for n in (64, 96, 128):
-            (torch.ones(n, 8, device=DEV) @ w[:8] * 2).sum().cpu()
+    for _ in range(2):
+        for n in range(3, 3 + 2 * config.tier_up_after):
+            torch.testing.assert_close(step(n), eager(n))
     assert ltc.debug.wait_compiles(600)
-    assert _counts()["TierUpCompile"] == 3
+    assert _counts()["TierUpCompile"] == 1
+    runs = _counts()["TierUpRun"]
+    for n in (50, 70, 31):
+        torch.testing.assert_close(step(n), eager(n))
+    assert _counts()["TierUpRun"] - runs == 3
+
+    # three buckets of a new skeleton: the first bucket's graph keeps the program compiled for
+    # it alone (built as it is), the other two share the program that lifted the size
+    w8 = w[:8]
+    expected = {n: (torch.ones(n, 8) @ w8.cpu() * 2).sum() for n in (64, 96, 128)}
+    ltc.metrics.reset()
+    for _ in range(config.tier_up_after + 1):
+        for n in (64, 96, 128):
+            torch.testing.assert_close((torch.ones(n, 8, device=DEV) @ w8 * 2).sum().cpu(), expected[n])
+    assert ltc.debug.wait_compiles(600)
+    c = _counts()
+    assert c["TierUpCompile"] == 2 and c["TierUpFailed"] == 0, c
+    for n in (64, 96, 128):
+        torch.testing.assert_close((torch.ones(n, 8, device=DEV) @ w8 * 2).sum().cpu(), expected[n])
+    assert _counts()["TierUpRun"] - c["TierUpRun"] == 3
 
 
 @pytest.mark.parametrize("options", [{}, {"foreach": False}, {"fused": True}],

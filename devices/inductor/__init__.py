@@ -96,7 +96,7 @@ class InductorProgram(Computation):
     """A graph's Inductor program; takes the graph's inputs in the quick tier's order."""
 
     def __init__(self, fn: Any, tensor_slots: list[int], lifted: list[int], baked: tuple, text: str,
-                 strides: Sequence[tuple[int, ...]], n_outputs: int) -> None:
+                 strides: Sequence[tuple[int, ...]], n_outputs: int, shapes: Sequence[tuple[int, ...]] = ()) -> None:
         self.fn = fn
         self.tensor_slots = tensor_slots    # positions of the tensor inputs among all inputs
         self.lifted = lifted                # positions of scalars passed as 0-dim float64 tensors
@@ -104,11 +104,17 @@ class InductorProgram(Computation):
         self.backend_text = text
         self.strides = list(strides)        # the tensor inputs' strides the kernels were built for
         self.n_outputs = n_outputs          # the program returns its inputs after these (`_return_inputs`)
+        # the tensor inputs' shapes it was built for: a skeleton's program serves graphs of
+        # other shapes too (`ltc_async/executor/generic.py`), which run the quick tier
+        self.shapes = list(shapes)
 
     def accepts(self, inputs: Sequence[Any]) -> bool:
         for i, t, v in self.baked:
             w = inputs[i]
             if type(w) is not t or w != v:
+                return False
+        for i, shape in zip(self.tensor_slots, self.shapes):
+            if inputs[i].shape != shape:
                 return False
         return True
 
@@ -168,8 +174,9 @@ def _candidates(steps: list) -> set[int]:
 
 def specialization(graph: Interpreter) -> Any:
     """A function of one execution's inputs giving what a program built from them is
-    specialized on: every non-tensor input but the liftable floats."""
-    candidates = _candidates(graph.steps)
+    specialized on: every non-tensor input but the liftable floats, and the ints of a
+    shape-generic graph (`graph.lifted_scalars`: symbolic in its program, see `build_generic`)."""
+    candidates = _candidates(graph.steps) | set(graph.lifted_scalars)
 
     def key(inputs: Sequence[Any]) -> tuple:
         out, k = [], 0
@@ -362,7 +369,7 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
                 fn = torch._inductor.compile(gm, examples)
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
     return InductorProgram(fn, slots, lift_slots, baked, wrapper + gm.code, [e.stride() for e in examples[:len(slots)]],
-                           n_outputs)
+                           n_outputs, [tuple(e.shape) for e in examples[:len(slots)]])
 
 
 def _return_inputs(gm: torch.fx.GraphModule) -> int:
@@ -414,3 +421,128 @@ def _example(v: Any, device: torch.device) -> torch.Tensor:
         return v
     m: TensorMeta = v
     return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=device)
+
+
+# -- shape-generic graphs --------------------------------------------------------------------------
+#
+# A shape-generic TorchScript program (`ltc_async/executor/generic.py`) serves every graph of one
+# skeleton: `generate()`'s token at each cache length, a mixture of experts' step at each routing.
+# Built here, its lifted ints are SymInt inputs and the tensor dimensions that varied while the
+# program got hot are symbolic (`make_fx` in symbolic mode over a `ShapeEnv`, Inductor's
+# decompositions applied as `torch.compile` would, then `compile_fx_inner`): one Inductor program
+# for all of them.  What the trace assumed of the sizes (`s0 == s1 + 1`, a stride, `2 <= s0`:
+# the `ShapeEnv`'s guards) is checked before each execution (`DynamicProgram.accepts`, ~10 us);
+# an execution the guards reject runs the quick program, as one with other baked scalars does.
+
+
+class DynamicProgram(InductorProgram):
+    """A shape-generic graph's Inductor program (see above): sizes are symbolic, and the
+    trace's assumptions about them are checked by `accepts`."""
+
+    def __init__(self, fn: Any, tensor_slots: list[int], lifted: list[int], ints: list[int], baked: tuple,
+                 text: str, guard: Any, n_outputs: int) -> None:
+        super().__init__(fn, tensor_slots, lifted, baked, text, (), n_outputs)
+        self.ints = ints        # positions of the SymInt inputs among all inputs
+        self.guard = guard      # the ShapeEnv's guards, a function of the program's arguments
+
+    def _args(self, inputs: Sequence[Any]) -> list[Any]:
+        args = [inputs[i] for i in self.tensor_slots]
+        if self.lifted:
+            args.extend(torch.tensor([inputs[i] for i in self.lifted], dtype=torch.float64).unbind())
+        args.extend(inputs[i] for i in self.ints)
+        return args
+
+    def accepts(self, inputs: Sequence[Any]) -> bool:
+        return super().accepts(inputs) and self.guard(self._args(inputs))
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        return list(self.fn(self._args(inputs))[:self.n_outputs])
+
+
+def _guard_function(code: str | None) -> Any:
+    """The `ShapeEnv`'s guard expression (over `L['t<k>']`, the k-th argument) as a function of
+    the argument list, compiled once."""
+    import re
+
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+    if not code:
+        return lambda args: True
+    body = re.sub(r"L\['t(\d+)'\]", r"a[\1]", code)
+    return eval(compile(f"lambda a: {body}", "<ltc_async guards>", "eval"), dict(SYMPY_INTERP))  # noqa: S307
+
+
+def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[Any], varying: Any,
+                  threads: int | None = None) -> DynamicProgram:
+    """Compile the shape-generic graph `interp` replays (`Interpreter.with_lifted_ints`): its
+    lifted ints and the tensor dimensions in `varying` ((input position, dim) pairs) symbolic."""
+    from torch._dynamo.source import ConstantSource
+    from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    lifting = _LiftingInterpreter.__new__(_LiftingInterpreter)
+    lifting.__dict__.update(interp.__dict__)
+    slots = [i for i, v in enumerate(inputs) if isinstance(v, (torch.Tensor, TensorMeta))]
+    scalar_slots = [i for i, v in enumerate(inputs) if not isinstance(v, (torch.Tensor, TensorMeta))]
+    candidates = _candidates(interp.steps)
+    lift_slots = [i for k, i in enumerate(scalar_slots) if k in candidates]
+    int_slots = [scalar_slots[k] for k in interp.lifted_scalars]
+    env = ShapeEnv()
+    fake_mode = FakeTensorMode(shape_env=env)
+    fakes = []
+    for i in slots:
+        example = _example(inputs[i], device)
+        dims = [DimDynamic.DYNAMIC if (i, d) in varying else DimDynamic.STATIC for d in range(example.dim())]
+        fakes.append(fake_mode.from_tensor(example, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+    fakes += [fake_mode.from_tensor(t) for t in _scalars([inputs[i] for i in lift_slots])]
+    fakes += [env.create_symintnode(env.create_symbol(inputs[i], ConstantSource(f"ltc_int{k}"),
+                                                      dynamic_dim=DimDynamic.DYNAMIC), hint=inputs[i])
+              for k, i in enumerate(int_slots)]
+    lifts: list[_Lift] = []
+
+    def graph(*args: Any) -> list[torch.Tensor]:
+        vals = list(inputs)
+        for i, t in zip(slots, args):
+            vals[i] = t
+        lifts.clear()
+        for i, t in zip(lift_slots, args[len(slots):]):
+            lifts.append(_Lift(t, float(inputs[i]), i))
+            vals[i] = lifts[-1]
+        for i, v in zip(int_slots, args[len(slots) + len(lift_slots):]):
+            vals[i] = v
+        return lifting.execute(vals)
+
+    with torch.no_grad():
+        gm = make_fx(graph, tracing_mode="symbolic", decomposition_table=select_decomp_table())(*fakes)
+        used = {lift.position for lift in lifts if lift.used}
+        placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        # every size and stride the program assumes, static ones included
+        guard = _guard_function(env.produce_guards_expression(placeholders, ignore_static=False))
+        _views_as_reshapes(gm)
+        n_outputs = _return_inputs(gm)
+        patch = {"compile_threads": 1, "cpp_wrapper": True}
+        if device.type == "cpu" and threads:
+            patch["cpp.threads"] = threads
+        wrapper = "# Inductor program (shape-generic), C++ wrapper\n"
+        with tracing(TracingContext(fake_mode)), V.set_fake_mode(fake_mode):
+            try:
+                with inductor_config.patch(patch):
+                    fn = compile_fx_inner(gm, placeholders)
+            except Exception as e:  # noqa: BLE001 - built again with the Python wrapper (see `build`)
+                wrapper = "# Inductor program (shape-generic), Python wrapper (the C++ wrapper's build failed: " \
+                          f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})\n"
+                patch["cpp_wrapper"] = False
+                with inductor_config.patch(patch):
+                    fn = compile_fx_inner(gm, placeholders)
+    baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots
+                  if i not in used and i not in int_slots)
+    return DynamicProgram(fn, slots, lift_slots, int_slots, baked, wrapper + gm.code, guard, n_outputs)

@@ -157,10 +157,14 @@ class TorchScriptBackend(Backend):
     def tier_specialization(self, tier: str, graph: Any) -> Any:
         return inductor.specialization(graph)
 
-    def compile_tier(self, tier: str, graph: Any, device: torch.device, inputs: Sequence[Any]) -> Computation:
+    def compile_tier(self, tier: str, graph: Any, device: torch.device, inputs: Sequence[Any],
+                     varying: frozenset = frozenset()) -> Computation:
         if tier != "inductor":
             raise NotImplementedError(tier)
-        return inductor.build(graph, device, inputs, threads=_worker_threads.get(str(device)))
+        threads = _worker_threads.get(str(device))
+        if graph.lifted_scalars or varying:   # a program that serves several shapes
+            return inductor.build_generic(graph, device, inputs, varying, threads=threads)
+        return inductor.build(graph, device, inputs, threads=threads)
 
     def can_lower(self, node: Node) -> bool:
         key = (node.op, tuple(_kind(e) for e in node.template))

@@ -96,10 +96,14 @@ class Backend(ABC):
         return lambda inputs: tuple([(type(v), v) for v in inputs if not isinstance(v, torch.Tensor)])
 
     def compile_tier(self, tier: str, graph: Interpreter, device: torch.device,
-                     inputs: Sequence[Any]) -> Computation:
+                     inputs: Sequence[Any], varying: frozenset = frozenset()) -> Computation:
         """Build the graph's program on `tier`, on the background tier-up thread.  `graph`
         replays the graph's structure; `inputs` are one execution's inputs in graph-input
-        order, tensors given by their `TensorMeta` (layout only)."""
+        order, tensors given by their `TensorMeta` (layout only).  For a shape-generic graph
+        (`graph.lifted_scalars` not empty: `executor/generic.py`), `varying` holds the (input
+        position, dim) pairs whose sizes differed between the executions that made it hot: the
+        program must serve other values of those and of the lifted ints (and say in `accepts`
+        which executions it serves)."""
         raise NotImplementedError(tier)
 
     def can_lower(self, node: Node) -> bool:

@@ -214,14 +214,19 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str,
         comp, request, worth_building = generic.lookup(device_key, plan) \
             if ctx.backend.lifts_ints and tiers.only_tier(ctx) is None else (None, None, True)
         if comp is not None:   # a generic program of this graph's skeleton: no compile
-            counters.counter("CachedCompile")
+            counters.counter("CachedCompile")   # (tiered with that program, for all its graphs)
         else:
             counters.counter(counters.COMPILE_SHAPES_PREFIX + plan.input_shapes())
             comp, ok = _compile(ctx, plan, label, request.lifted if request else [])
-            if request is not None:
-                comp = request.finish(comp, ok)
-        if worth_building:   # not one of many shapes of a skeleton (`generic.py`)
-            comp = tiers.wrap(ctx, plan, comp, label)   # built on a better tier once hot
+            if request is not None and ok:
+                # the skeleton's program: tiered once for every graph it serves, built with
+                # symbolic sizes if their ints or shapes vary (`tiers.py`)
+                comp = request.finish(tiers.wrap(ctx, plan, comp, label, request.lifted, generic=True), ok)
+            else:
+                if request is not None:   # the backend would not lift: this skeleton compiles exactly
+                    comp = request.finish(comp, ok)
+                if worth_building:   # not one of many shapes of such a skeleton (`generic.py`)
+                    comp = tiers.wrap(ctx, plan, comp, label)   # built on a better tier once hot
         cache.put(key, comp)
     plan.comp = comp
     return plan

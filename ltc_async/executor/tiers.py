@@ -143,21 +143,31 @@ def set_up_here(ctx: Any) -> None:
         _set_up.add(key)
 
 
-def wrap(ctx: Any, plan: Any, comp: Computation, label: str) -> Computation:
+def wrap(ctx: Any, plan: Any, comp: Computation, label: str, lifted: Sequence[Any] = (),
+         generic: bool = False) -> Computation:
     """`comp` (a freshly compiled quick-tier program for `plan`) as a tiered one, or unchanged
-    when there is no top tier for this device or the backend will not build this graph."""
+    when there is no top tier for this device or the backend will not build this graph.
+    `generic`: `comp` is the program of `plan`'s skeleton (`generic.py`), taking the ints at
+    `lifted` as inputs, and runs every graph of that skeleton: its build follows what varied."""
     tier = top_tier(ctx)
     if tier is None or type(comp) is Tiered:
         return comp
     if ctx.backend.tier_refuses(tier, plan.order, ctx.backend_device) is not None:
         return comp
-    return Tiered(comp, ctx, Interpreter(plan.order, plan.roots, ctx.backend_device), tier, label)
+    interp = Interpreter(plan.order, plan.roots, ctx.backend_device)
+    if lifted:
+        try:
+            interp = interp.with_lifted_ints(plan.order, lifted)
+        except ValueError:      # ints of a captured graph: not built
+            return comp
+    return Tiered(comp, ctx, interp, tier, label, generic)
 
 
 class Tiered(Computation):
     """A graph's quick program, and its top-tier program once built (see the module note)."""
 
-    def __init__(self, quick: Computation, ctx: Any, interp: Interpreter, tier: str, label: str) -> None:
+    def __init__(self, quick: Computation, ctx: Any, interp: Interpreter, tier: str, label: str,
+                 generic: bool = False) -> None:
         self.quick = quick
         self.backend_text = quick.backend_text
         self.reused_program = quick.reused_program
@@ -171,6 +181,11 @@ class Tiered(Computation):
         self._last: tuple | None = None
         self._top: Any = None
         self._trial: _Trial | None = None
+        # a skeleton's program (`generic`): the tensor shapes of the first execution of the
+        # streak, and the (input position, dim) pairs that differed from them since (`_count`)
+        self._generic = generic
+        self._shapes: list[Any] = []
+        self._varying: set[tuple[int, int]] = set()
 
     @property
     def tier(self) -> str:
@@ -213,12 +228,21 @@ class Tiered(Computation):
         scalars = self._key(inputs)   # what a program built now would be specialized on
         if scalars == self._last:
             self._streak += 1
+            if self._generic:
+                for i, v in enumerate(inputs):
+                    if isinstance(v, torch.Tensor) and v.shape != self._shapes[i]:
+                        self._varying.update((i, d) for d, (a, b) in enumerate(zip(v.shape, self._shapes[i]))
+                                             if a != b)
         else:
             self._last, self._streak = scalars, 1
+            if self._generic:
+                self._shapes = [v.shape if isinstance(v, torch.Tensor) else None for v in inputs]
+                self._varying = set()
         if self._streak >= config.tier_up_after:
             self._state = _QUEUED
             layout = _layout(inputs)
-            job = lambda: self._build(layout)
+            varying = frozenset(self._varying)
+            job = lambda: self._build(layout, varying)
             if events.tier_up_job.on:   # the timeline: background builds as spans
                 job = events.tier_up_job.wrap(job, self._ctx, self._label, self._tier)
             fut = worker.submit(job, cf.Future())
@@ -226,7 +250,7 @@ class Tiered(Computation):
                 _builds[:] = [f for f in _builds if not f.done()]
                 _builds.append(fut)
 
-    def _build(self, layout: list) -> None:
+    def _build(self, layout: list, varying: frozenset) -> None:
         global _building
         if _exiting:
             return
@@ -234,7 +258,8 @@ class Tiered(Computation):
         _building = threading.get_ident()
         switch = _switch_often()
         try:
-            top = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout)
+            top = self._ctx.backend.compile_tier(self._tier, self._interp, self._ctx.backend_device, layout,
+                                                 *((varying,) if self._generic else ()))
         except _Cancelled:
             return
         except Exception as e:  # noqa: BLE001 - the graph stays on the quick tier

@@ -23,6 +23,10 @@ from .node import (
     Tag,
     const_value,
 )
+
+# A template entry whose int constants (some, or all) are graph inputs: (LIFTED, the entry,
+# ((index in an int list or None, index among the node's scalars), ...)); see `with_lifted_ints`.
+LIFTED = Tag("L")
 from .schema import op_info
 
 
@@ -65,6 +69,41 @@ class Interpreter:
         self.roots = [(pos[id(n)], i) for n, i in roots]
         self.backend_text = "\n".join(
             f"%{k} = {'device_data' if op is DEVICE_DATA else op}" for k, (op, *_rest) in enumerate(self.steps))
+
+    def with_lifted_ints(self, order: list[Node], lifted: Sequence[tuple[int, int, int | None]]) -> "Interpreter":
+        """This graph's interpreter taking the int constants at `lifted` as inputs, as a shape-
+        generic program does (`executor/generic.py`; (node index in `order`, template index,
+        index in an `int[]` or None), sorted): each node's lifted ints follow its scalars among
+        the inputs, so they become scalars of that node here.  Sets `lifted_scalars`, their
+        indices among the graph's non-tensor inputs.  Captured graphs take no lifted ints."""
+        by_node: dict[int, list[tuple[int, int | None]]] = {}
+        for j, k, i in lifted:
+            if not isinstance(order[j].op, torch._ops.OpOverload):
+                raise ValueError("a captured graph's ints cannot be lifted")
+            by_node.setdefault(j, []).append((k, i))
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        steps, lifted_scalars, n = [], [], 0
+        for j, (op, template, operands, n_scalars, out_spec) in enumerate(self.steps):
+            if op is DEVICE_DATA:
+                steps.append((op, template, operands, n_scalars, out_spec))
+                continue
+            n += n_scalars
+            subs: dict[int, list[tuple[int | None, int]]] = {}
+            for k, i in by_node.get(j, ()):
+                subs.setdefault(k, []).append((i, n_scalars))
+                lifted_scalars.append(n)
+                n_scalars += 1
+                n += 1
+            if subs:
+                template = tuple((LIFTED, e, tuple(subs[k])) if k in subs else e for k, e in enumerate(template))
+            steps.append((op, template, operands, n_scalars, out_spec))
+        out.steps = steps
+        out.lifted_scalars = lifted_scalars
+        return out
+
+    #: indices among the non-tensor inputs of the ints `with_lifted_ints` made inputs
+    lifted_scalars: list[int] = []
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         env: list[list[Any]] = []
@@ -144,6 +183,15 @@ class Interpreter:
                 return scalars[e[1]]
             if e[0] is NUM:
                 return const_value(e)
+            if e[0] is LIFTED:   # an int, or ints of a list, given as inputs
+                base, subs = e[1], e[2]
+                v = base[1] if type(base) is tuple and base and type(base[0]) is Tag else base
+                if type(v) is not tuple:
+                    return scalars[subs[0][1]]
+                v = list(v)
+                for i, s in subs:
+                    v[i] = scalars[s]
+                return v
             if e[0] is RNG:
                 g = torch.Generator(self.device)
                 g.manual_seed(scalars[e[1]])
