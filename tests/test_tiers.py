@@ -190,6 +190,50 @@ def test_a_batch_size_that_changes_every_step_gets_one_shape_generic_program():
         torch.testing.assert_close((lazy(x.to(DEV)) * 1).sum(0).cpu(), (m(x) * 1).sum(0), rtol=1e-4, atol=1e-5)
     c = _counts()
     assert c["TierUpRun"] - before == 4 and c["TierUpCompile"] == 1 and c["TierUpFailed"] == 0, c
+    # what the build assumed of the sizes is checked before each run: a batch of one (sizes 0
+    # and 1 are specialized by symbolic tracing) and a transposed input run the quick program
+    for x in (torch.randn(1, 32, generator=g), torch.randn(32, 6, generator=g).t()):
+        torch.testing.assert_close((lazy(x.to(DEV)) * 1).sum(0).cpu(), (m(x) * 1).sum(0), rtol=1e-4, atol=1e-5)
+    assert _counts()["TierUpRun"] == c["TierUpRun"]
+
+
+def test_a_mixture_of_experts_whose_routing_changes_every_step_trains_like_eager_on_one_program():
+    """Top-2 routing gives every expert a data-dependent number of tokens: each step is a
+    graph of new sizes.  The step's skeleton program is built once with those sizes symbolic
+    and later steps (new routings, new sizes) run on it with eager's losses and weights."""
+    from test_data_dependent import Top2MoE
+    torch.manual_seed(0)
+    model = Top2MoE()
+    g = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(48, 16, generator=g), torch.randn(48, 16, generator=g)) for _ in range(12)]
+
+    def train(dev):
+        m = copy.deepcopy(model).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x.to(dev)), y.to(dev))
+            loss.backward()
+            opt.step()
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 5:
+                    assert ltc.debug.wait_compiles(600)
+                    runs[0] = _counts()["TierUpRun"]
+            losses.append(loss)
+        return [float(v) for v in losses], [p.detach().cpu() for p in m.parameters()]
+
+    runs = [0]
+    ltc.metrics.reset()
+    lazy_losses, lazy_params = train(DEV)
+    eager_losses, eager_params = train("cpu")
+    torch.testing.assert_close(lazy_losses, eager_losses, rtol=1e-4, atol=1e-5)
+    for a, b in zip(lazy_params, eager_params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    c = _counts()
+    assert c["TierUpFailed"] == 0 and c["TierUpCompile"] >= 1, c
+    assert c["TierUpRun"] - runs[0] >= 6, c     # the steps after the build, on the top tier
 
 
 def test_a_graph_whose_baked_scalar_changes_every_step_is_not_built():

@@ -36,6 +36,10 @@ How a graph becomes an Inductor program:
    after its outputs (`_return_inputs`): the C++ wrapper would release each input at its last
    use, and releasing a tensor Python holds takes the GIL, mid-program.
 
+A skeleton's shape-generic program (one per set of graphs differing only in sizes and ints:
+`ltc_async/executor/generic.py`) is built by `build_generic` with those sizes symbolic, its
+assumptions about them checked before each run (see "shape-generic graphs" below).
+
 Graphs drawing random numbers are not built (their seeds are runtime inputs that `make_fx`
 cannot take; Inductor would also draw other numbers): they stay on the quick tier.
 Inductor's own on-disk caches (`TORCHINDUCTOR_CACHE_DIR`, FX graph cache) make a second process

@@ -20,11 +20,14 @@ A `Bound` computation pairs the generic program with one graph's ints and insert
 that graph's inputs, so the executor (and the exact cache, which stores the `Bound`) sees an
 ordinary `Computation` of the usual inputs.
 
-Tiers (`tiers.py`) build per exact graph, so a skeleton's graphs are built on the top tier only
-while it has few of them (`lookup`'s third answer: a few sequence buckets, a last smaller batch).  One
-with many -- `generate()` makes one per cache length -- stays on its generic program: measured
-on a tiny Llama, 36 such builds (~8 minutes of a core beside the run) bought nothing per token,
-each length being one small graph among many.
+Tiers (`tiers.py`): the program a `Request` compiles is wrapped (`tiers.wrap(..., generic=True)`)
+before it is stored, so it is *one* tiered program for every graph of its skeleton: it turns hot
+from the executions of all of them, and its top tier is built once, with the lifted ints and the
+tensor dimensions that varied while it got hot symbolic (`generate()` makes one graph per cache
+length: a build per length took ~8 minutes of a core for 36 lengths of a tiny Llama and bought
+nothing per token; one symbolic build halves the token's execution).  Graphs of a skeleton
+that compiles exactly (its backend would not lift) are built per exact graph while the
+skeleton has had few of them (`lookup`'s third answer).
 
 Only backends whose programs take such ints (`Backend.lifts_ints`) take part: the IR
 interpreter reads constants from the nodes themselves.  Everything here runs on the compiler

@@ -16,6 +16,11 @@ is a `Tiered` wrapper around the quick program:
 * the build runs on the tier-up thread (`worker`), never on a tracing thread, a device worker
   or inside `mark_step`; it sees the graph's structure (an `Interpreter`, no node objects, so
   no device data is kept alive) and the layouts of the inputs, not their values;
+* a skeleton's shape-generic program (`generic.py`; `wrap(..., generic=True)`) serves graphs
+  of other sizes and ints: its lifted ints are not part of the specialization, and `_count`
+  notes which tensor dimensions changed during the streak; the build makes those and the ints
+  symbolic (`Backend.compile_tier(..., varying)`), and the program says in `accepts` which
+  executions it serves (a run it refuses takes the quick program);
 * when it is ready, `_top` is set (one attribute store); the next execution whose scalars it
   accepts runs it.  Nothing ever waits for a build (`ltc.debug.wait_compiles` does, on
   request).  The top tier is not always the faster (measured: BERT's compile path with rare
