@@ -40,6 +40,19 @@ def tiering(monkeypatch):
     ltc.debug.wait_compiles(600)
 
 
+def _programs() -> list:
+    """The tiered programs in the computation cache: an entry is one, or a graph's binding of its
+    skeleton's shape-generic one (`executor/generic.py`: `Bound.program`)."""
+    from ltc_async.executor import compiler
+    return [getattr(c, "program", c) for c in list(compiler.cache._d.values())]
+
+
+def _new_tops(before: set) -> list:
+    """The top-tier programs of tiered programs not among `before` (ids, from `_programs`)."""
+    return list({id(c): c._top for c in _programs()
+                 if id(c) not in before and getattr(c, "_top", None) is not None}.values())
+
+
 def _counts() -> dict:
     return {k: ltc.metrics.counter_value(k) or 0 for k in ("TierUpCompile", "TierUpFailed", "TierUpRun")}
 
@@ -316,9 +329,8 @@ def test_adamw_training_moves_to_inductor_although_its_scalars_change(options):
                 if i == 5:
                     assert ltc.debug.wait_compiles(600)
         return [p.detach().cpu() for p in m.parameters()]
-    from ltc_async.executor import compiler
     want = train("cpu")
-    earlier = list(compiler.cache._d.values())   # earlier tests' programs (kept alive: ids stay theirs)
+    earlier = _programs()   # earlier tests' programs (kept alive: ids stay theirs)
     before = {id(c) for c in earlier}
     ltc.metrics.reset()
     got = train(DEV)
@@ -332,8 +344,7 @@ def test_adamw_training_moves_to_inductor_although_its_scalars_change(options):
     assert c["TierUpCompile"] >= 1 and c["TierUpRun"] >= 5 and c["TierUpFailed"] == 0
     # the program's text says which wrapper it got: the C++ one (no GIL) where it can call
     # every kernel; on CPU, not `_fused_adamw`'s (a fallback kernel returning a list)
-    heads = [c._top.backend_text.splitlines()[0] for c in list(compiler.cache._d.values())
-             if id(c) not in before and getattr(c, "_top", None) is not None]
+    heads = [top.backend_text.splitlines()[0] for top in _new_tops(before)]
     assert heads and all(h.startswith("# Inductor program, ") for h in heads), heads
     if not options.get("fused"):
         assert all("C++ wrapper" in h for h in heads), heads
@@ -643,13 +654,12 @@ def test_top_tier_programs_take_views_as_views():
     materialized one by one (GPT-2's compile-path step ran 1.8x torch.compile's own Inductor
     program).  The top tier's programs take them as views, bodies of captured graphs included,
     with eager's values."""
-    from ltc_async.executor import compiler
     torch.manual_seed(0)
     attn = _Attention().eval()
     lazy = copy.deepcopy(attn).to(DEV)
     compiled = torch.compile(lambda q: lazy(q).transpose(1, 2) * 2, backend="ltc")
     xs = torch.randn(8, 2, 5, 16, generator=torch.Generator().manual_seed(6))
-    earlier = list(compiler.cache._d.values())   # earlier tests' programs (kept alive: ids stay theirs)
+    earlier = _programs()   # earlier tests' programs (kept alive: ids stay theirs)
     before = {id(c) for c in earlier}
     ltc.metrics.reset()
     with torch.no_grad():
@@ -660,8 +670,7 @@ def test_top_tier_programs_take_views_as_views():
             torch.testing.assert_close(compiled(q).cpu(), want.transpose(1, 2) * 2, rtol=1e-5, atol=1e-5)
             if k == 4:
                 ltc.debug.wait_compiles(600)
-    codes = [c._top.backend_text for c in list(compiler.cache._d.values())
-             if id(c) not in before and getattr(c, "_top", None) is not None]
+    codes = [top.backend_text for top in _new_tops(before)]
     assert len(codes) >= 2 and _counts()["TierUpFailed"] == 0
     assert all("aten.transpose" in code for code in codes), codes
     for code in codes:

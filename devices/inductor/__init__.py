@@ -536,13 +536,13 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
         patch = {"compile_threads": 1, "cpp_wrapper": True}
         if device.type == "cpu" and threads:
             patch["cpp.threads"] = threads
-        wrapper = "# Inductor program (shape-generic), C++ wrapper\n"
+        wrapper = "# Inductor program, shape-generic, C++ wrapper\n"
         with tracing(TracingContext(fake_mode)), V.set_fake_mode(fake_mode):
             try:
                 with inductor_config.patch(patch):
                     fn = compile_fx_inner(gm, placeholders)
             except Exception as e:  # noqa: BLE001 - built again with the Python wrapper (see `build`)
-                wrapper = "# Inductor program (shape-generic), Python wrapper (the C++ wrapper's build failed: " \
+                wrapper = "# Inductor program, shape-generic, Python wrapper (the C++ wrapper's build failed: " \
                           f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})\n"
                 patch["cpp_wrapper"] = False
                 with inductor_config.patch(patch):

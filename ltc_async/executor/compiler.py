@@ -214,7 +214,11 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str,
         comp, request, worth_building = generic.lookup(device_key, plan) \
             if ctx.backend.lifts_ints and tiers.only_tier(ctx) is None else (None, None, True)
         if comp is not None:   # a generic program of this graph's skeleton: no compile
-            counters.counter("CachedCompile")   # (tiered with that program, for all its graphs)
+            counters.counter("CachedCompile")
+            # tiered with that program, for all its graphs; one compiled while tiering was off
+            # (or that its tier refused) is tiered per exact graph, as below
+            if worth_building and not (type(comp) is generic.Bound and type(comp.program) is tiers.Tiered):
+                comp = tiers.wrap(ctx, plan, comp, label)
         else:
             counters.counter(counters.COMPILE_SHAPES_PREFIX + plan.input_shapes())
             comp, ok = _compile(ctx, plan, label, request.lifted if request else [])
