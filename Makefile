@@ -38,13 +38,14 @@ test: setup
 	LTC_ASYNC_BACKEND=reference $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/test_training.py tests/test_aliasing.py tests/test_rng.py tests/test_async.py \
 		tests/test_faults.py
-	# the model tests' training again with tiering on (fp32, bf16, autocast; Mixtral's float32
-	# `_grouped_mm`; all models:
+	# the model tests' training and generate() again with tiering on (fp32, bf16, autocast;
+	# Mixtral's float32 `_grouped_mm`; generate's per-token program built with symbolic sizes;
+	# all models:
 	# `make test-tiered`): each hot graph's Inductor program is built inline when it turns hot
 	# (tests/conftest.py), so the last steps run on it
 	LTC_ASYNC_TIERS=ts,inductor LTC_ASYNC_TIER_UP_AFTER=2 LTC_ASYNC_TIER_TRIAL=0 \
 		LTC_ASYNC_TEST_TIER_UP_INLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/models/test_models.py -k "test_training_matches_eager and (resnet or gpt2 or bert or grad_acc or bf16 or mixtral)"
+		tests/models/test_models.py -k "(test_training_matches_eager and (resnet or gpt2 or bert or grad_acc or bf16 or mixtral)) or generate"
 
 # every model test with tiering on (the slice `make test` runs, and the RNNs, MobileNet, generate;
 # ~15 min here: one Inductor build per hot graph)
