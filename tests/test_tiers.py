@@ -764,3 +764,46 @@ def test_a_fresh_process_first_steps_do_not_race_the_top_tiers_imports():
     env = dict(os.environ, LTC_ASYNC_DEVICES="cpu,cpu", LTC_ASYNC_TIERS="ts,inductor")
     for _ in range(4):
         assert run_python(_FIRST_STEPS_ON_TWO_DEVICES, env).split("\n")[0] == "[4.0, 4.0, 4.0]"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpt2_trained_on_batches_of_varying_length_moves_to_one_program(dtype):
+    """Dynamic padding: every batch has its own sequence length, so no step graph repeats.  The
+    training step's skeleton program (forward, backward and AdamW) is built once with the length
+    symbolic; the steps after the build, at lengths it never saw, run on it with eager's losses."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg).to(dtype)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 128, (2, n), generator=g) for n in (12, 17, 9, 23, 14, 30, 11, 19)]
+
+    def train(dev):
+        m = copy.deepcopy(model).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        losses = []
+        for i, ids in enumerate(batches):
+            opt.zero_grad()
+            loss = m(input_ids=ids.to(dev), labels=ids.to(dev)).loss
+            loss.backward()
+            opt.step()
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 4:   # the program turned hot at the fourth step's execution
+                    ltc.wait_device_ops()
+                    assert ltc.debug.wait_compiles(900)
+                    runs[0] = _counts()["TierUpRun"]
+            losses.append(loss)
+        return [float(v) for v in losses]
+
+    runs = [0]
+    ltc.metrics.reset()
+    lazy = train(DEV)
+    ltc.wait_device_ops()
+    c = _counts()
+    tol = {"rtol": 2e-4, "atol": 1e-5} if dtype is torch.float32 else {"rtol": 2e-3, "atol": 1e-3}
+    torch.testing.assert_close(lazy, train("cpu"), **tol)
+    assert c["TierUpCompile"] == 1 and c["TierUpFailed"] == 0, c
+    assert c["TierUpRun"] - runs[0] == 3, c      # the three steps after the build
