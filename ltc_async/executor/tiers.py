@@ -13,8 +13,8 @@ is a `Tiered` wrapper around the quick program:
   `_QUEUED`): a graph that is not run again (the last smaller batch, one length of a growing
   KV cache) never reaches the threshold, and one whose baked scalars change every step (a
   clamp bound from a schedule) is not built for values that will not come back;
-* the build runs on the tier-up thread (`worker`), never on a tracing thread, a device worker
-  or inside `mark_step`; it sees the graph's structure (an `Interpreter`, no node objects, so
+* the build runs on the tier-up thread (`worker`, niced: `_background_priority`), never on a
+  tracing thread, a device worker or inside `mark_step`; it sees the graph's structure (an `Interpreter`, no node objects, so
   no device data is kept alive) and the layouts of the inputs, not their values;
 * a skeleton's shape-generic program (`generic.py`; `wrap(..., generic=True)`) serves graphs
   of other sizes and ints: its lifted ints are not part of the specialization, and `_count`
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -71,7 +72,19 @@ from .futures import BackendData, Worker
 
 _IDLE, _QUEUED, _READY, _FAILED, _SLOWER = "idle", "queued", "ready", "failed", "slower"
 
-worker = Worker("ltc-tier-up")
+def _background_priority() -> None:
+    """The tier-up thread runs at a lower scheduling priority (nice +10): Linux nices threads,
+    and the compiler processes a build starts (g++) inherit it.  Where the user's threads keep
+    the cores busy, a build takes what they leave instead of slowing them down."""
+    if sys.platform.startswith("linux"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
+        except OSError:   # not permitted (a sandbox): the build runs at the user's priority
+            pass
+
+
+worker = Worker("ltc-tier-up", init=_background_priority)
 _builds: list[cf.Future] = []
 _lock = threading.Lock()
 
