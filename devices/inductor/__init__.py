@@ -311,6 +311,59 @@ def _grouped_mm() -> Any:
     return torch.ops.ltc_async.grouped_mm.default
 
 
+class _Traced:
+    """What `make_fx` traces for a build: the graph as a function of the program's arguments
+    (tensor inputs, lifted floats as 0-dim tensors, then lifted ints), with `inputs` (one
+    execution's, tensors as layouts) supplying the baked scalars; `lifts` records, after a trace,
+    which lifted floats the trace used."""
+
+    def __init__(self, interp: Interpreter, inputs: Sequence[Any]) -> None:
+        self.lifting = _LiftingInterpreter.__new__(_LiftingInterpreter)
+        self.lifting.__dict__.update(interp.__dict__)
+        self.inputs = inputs
+        self.slots = [i for i, v in enumerate(inputs) if isinstance(v, (torch.Tensor, TensorMeta))]
+        self.scalar_slots = [i for i, v in enumerate(inputs) if not isinstance(v, (torch.Tensor, TensorMeta))]
+        candidates = _candidates(interp.steps)
+        self.lift_slots = [i for k, i in enumerate(self.scalar_slots) if k in candidates]
+        self.int_slots = [self.scalar_slots[k] for k in interp.lifted_scalars]
+        self.lifts: list[_Lift] = []
+
+    def __call__(self, *args: Any) -> list[torch.Tensor]:
+        vals = list(self.inputs)
+        n, m = len(self.slots), len(self.lift_slots)
+        for i, t in zip(self.slots, args):
+            vals[i] = t
+        self.lifts.clear()
+        for i, t in zip(self.lift_slots, args[n:n + m]):
+            self.lifts.append(_Lift(t, float(self.inputs[i]), i))
+            vals[i] = self.lifts[-1]
+        for i, v in zip(self.int_slots, args[n + m:]):
+            vals[i] = v
+        return self.lifting.execute(vals)
+
+    def used(self) -> set[int]:
+        return {lift.position for lift in self.lifts if lift.used}
+
+
+def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None, kind: str) -> tuple[Any, str]:
+    """`compile_once(inductor config patch)` with Inductor's C++ wrapper, else (a build that
+    failed) with its Python wrapper; the program and the first line of its text, which says
+    which wrapper it got (module note, 3.)."""
+    patch = {"compile_threads": 1, "cpp_wrapper": True}   # without the GIL (module note, 3.)
+    if device.type == "cpu" and threads:
+        patch["cpp.threads"] = threads
+    try:
+        return compile_once(patch), f"# Inductor program, {kind}C++ wrapper\n"
+    except Exception as e:  # noqa: BLE001 - built again with the Python wrapper
+        # the C++ wrapper cannot call some fallback kernels (`_fused_adam`: "fallback
+        # kernels with runtime lookup currently only support tensor returns"); the Python
+        # wrapper can: the program then takes the GIL between kernels (the tier trial
+        # keeps it only if it is faster)
+        patch["cpp_wrapper"] = False
+        return compile_once(patch), (f"# Inductor program, {kind}Python wrapper (the C++ wrapper's build failed: "
+                                     f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})\n")
+
+
 def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
           threads: int | None = None) -> InductorProgram:
     """Compile the graph `interp` replays (see the module note).  `inputs`: one execution's
@@ -320,29 +373,13 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
     from torch._inductor import config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    lifting = _LiftingInterpreter.__new__(_LiftingInterpreter)
-    lifting.__dict__.update(interp.__dict__)
-    slots = [i for i, v in enumerate(inputs) if isinstance(v, (torch.Tensor, TensorMeta))]
-    candidates = _candidates(interp.steps)
-    scalar_slots = [i for i, v in enumerate(inputs) if not isinstance(v, (torch.Tensor, TensorMeta))]
-    lift_slots = [i for k, i in enumerate(scalar_slots) if k in candidates]
-    lifts: list[_Lift] = []
-
-    def graph(*args: torch.Tensor) -> list[torch.Tensor]:
-        vals = list(inputs)
-        for i, t in zip(slots, args):
-            vals[i] = t
-        lifts.clear()
-        for i, t in zip(lift_slots, args[len(slots):]):
-            lifts.append(_Lift(t, float(inputs[i]), i))
-            vals[i] = lifts[-1]
-        return lifting.execute(vals)
-
+    graph = _Traced(interp, inputs)
+    slots, lift_slots = graph.slots, graph.lift_slots
     examples = [_example(inputs[i], device) for i in slots] + \
         _scalars([inputs[i] for i in lift_slots])
     with torch.no_grad():
         gm = make_fx(graph, tracing_mode="fake")(*examples)
-        used = {lift.position for lift in lifts if lift.used}
+        used = graph.used()
         if len(used) < len(lift_slots):    # lifted inputs the trace did not use: drop them
             keep = [k for k, i in enumerate(lift_slots) if i in used]
             gm = make_fx(_dropping(graph, len(slots), lift_slots, keep), tracing_mode="fake")(
@@ -354,24 +391,12 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
         examples = examples[:len(slots)] + _scalars([inputs[i] for i in lift_slots])
         _views_as_reshapes(gm)
         n_outputs = _return_inputs(gm)
-        patch = {"compile_threads": 1, "cpp_wrapper": True}   # without the GIL (module note, 3.)
-        if device.type == "cpu" and threads:
-            patch["cpp.threads"] = threads
-        wrapper = "# Inductor program, C++ wrapper\n"
-        try:
+
+        def compile_once(patch: dict) -> Any:
             with inductor_config.patch(patch):
-                fn = torch._inductor.compile(gm, examples)
-        except Exception as e:  # noqa: BLE001 - built again with the Python wrapper
-            wrapper = f"# Inductor program, Python wrapper (the C++ wrapper's build failed: {type(e).__name__}: " \
-                      f"{str(e).splitlines()[0][:200] if str(e) else ''})\n"
-            # the C++ wrapper cannot call some fallback kernels (`_fused_adam`: "fallback
-            # kernels with runtime lookup currently only support tensor returns"); the Python
-            # wrapper can: the program then takes the GIL between kernels (the tier trial
-            # keeps it only if it is faster)
-            patch["cpp_wrapper"] = False
-            with inductor_config.patch(patch):
-                fn = torch._inductor.compile(gm, examples)
-    baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots if i not in lifts_used)
+                return torch._inductor.compile(gm, examples)
+        fn, wrapper = _with_a_wrapper(compile_once, device, threads, "")
+    baked = tuple((i, type(inputs[i]), inputs[i]) for i in graph.scalar_slots if i not in lifts_used)
     return InductorProgram(fn, slots, lift_slots, baked, wrapper + gm.code, [e.stride() for e in examples[:len(slots)]],
                            n_outputs, [tuple(e.shape) for e in examples[:len(slots)]])
 
@@ -457,7 +482,12 @@ class DynamicProgram(InductorProgram):
         return args
 
     def accepts(self, inputs: Sequence[Any]) -> bool:
-        return super().accepts(inputs) and self.guard(self._args(inputs))
+        if not super().accepts(inputs):
+            return False
+        try:
+            return bool(self.guard(self._args(inputs)))
+        except Exception:  # noqa: BLE001 - a guard that cannot be evaluated serves nothing
+            return False
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         return list(self.fn(self._args(inputs))[:self.n_outputs])
@@ -493,13 +523,8 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
         StatelessSymbolicContext,
     )
 
-    lifting = _LiftingInterpreter.__new__(_LiftingInterpreter)
-    lifting.__dict__.update(interp.__dict__)
-    slots = [i for i, v in enumerate(inputs) if isinstance(v, (torch.Tensor, TensorMeta))]
-    scalar_slots = [i for i, v in enumerate(inputs) if not isinstance(v, (torch.Tensor, TensorMeta))]
-    candidates = _candidates(interp.steps)
-    lift_slots = [i for k, i in enumerate(scalar_slots) if k in candidates]
-    int_slots = [scalar_slots[k] for k in interp.lifted_scalars]
+    graph = _Traced(interp, inputs)
+    slots, lift_slots, int_slots = graph.slots, graph.lift_slots, graph.int_slots
     env = ShapeEnv()
     fake_mode = FakeTensorMode(shape_env=env)
     fakes = []
@@ -511,42 +536,19 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
     fakes += [env.create_symintnode(env.create_symbol(inputs[i], ConstantSource(f"ltc_int{k}"),
                                                       dynamic_dim=DimDynamic.DYNAMIC), hint=inputs[i])
               for k, i in enumerate(int_slots)]
-    lifts: list[_Lift] = []
-
-    def graph(*args: Any) -> list[torch.Tensor]:
-        vals = list(inputs)
-        for i, t in zip(slots, args):
-            vals[i] = t
-        lifts.clear()
-        for i, t in zip(lift_slots, args[len(slots):]):
-            lifts.append(_Lift(t, float(inputs[i]), i))
-            vals[i] = lifts[-1]
-        for i, v in zip(int_slots, args[len(slots) + len(lift_slots):]):
-            vals[i] = v
-        return lifting.execute(vals)
-
     with torch.no_grad():
         gm = make_fx(graph, tracing_mode="symbolic", decomposition_table=select_decomp_table())(*fakes)
-        used = {lift.position for lift in lifts if lift.used}
+        used = graph.used()
         placeholders = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         # every size and stride the program assumes, static ones included
         guard = _guard_function(env.produce_guards_expression(placeholders, ignore_static=False))
         _views_as_reshapes(gm)
         n_outputs = _return_inputs(gm)
-        patch = {"compile_threads": 1, "cpp_wrapper": True}
-        if device.type == "cpu" and threads:
-            patch["cpp.threads"] = threads
-        wrapper = "# Inductor program, shape-generic, C++ wrapper\n"
-        with tracing(TracingContext(fake_mode)), V.set_fake_mode(fake_mode):
-            try:
-                with inductor_config.patch(patch):
-                    fn = compile_fx_inner(gm, placeholders)
-            except Exception as e:  # noqa: BLE001 - built again with the Python wrapper (see `build`)
-                wrapper = "# Inductor program, shape-generic, Python wrapper (the C++ wrapper's build failed: " \
-                          f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})\n"
-                patch["cpp_wrapper"] = False
-                with inductor_config.patch(patch):
-                    fn = compile_fx_inner(gm, placeholders)
-    baked = tuple((i, type(inputs[i]), inputs[i]) for i in scalar_slots
+
+        def compile_once(patch: dict) -> Any:
+            with tracing(TracingContext(fake_mode)), V.set_fake_mode(fake_mode), inductor_config.patch(patch):
+                return compile_fx_inner(gm, placeholders)
+        fn, wrapper = _with_a_wrapper(compile_once, device, threads, "shape-generic, ")
+    baked = tuple((i, type(inputs[i]), inputs[i]) for i in graph.scalar_slots
                   if i not in used and i not in int_slots)
     return DynamicProgram(fn, slots, lift_slots, int_slots, baked, wrapper + gm.code, guard, n_outputs)

@@ -99,11 +99,11 @@ class Backend(ABC):
                      inputs: Sequence[Any], varying: frozenset = frozenset()) -> Computation:
         """Build the graph's program on `tier`, on the background tier-up thread.  `graph`
         replays the graph's structure; `inputs` are one execution's inputs in graph-input
-        order, tensors given by their `TensorMeta` (layout only).  For a shape-generic graph
-        (`graph.lifted_scalars` not empty: `executor/generic.py`), `varying` holds the (input
-        position, dim) pairs whose sizes differed between the executions that made it hot: the
-        program must serve other values of those and of the lifted ints (and say in `accepts`
-        which executions it serves)."""
+        order, tensors given by their `TensorMeta` (layout only).  A skeleton's program
+        (`executor/generic.py`) serves graphs of other sizes: its lifted ints are inputs
+        (`graph.lifted_scalars`), and `varying` holds the (input position, dim) pairs whose
+        sizes differed between the executions that made it hot.  The program must serve other
+        values of those, and say in `accepts` which executions it serves."""
         raise NotImplementedError(tier)
 
     def can_lower(self, node: Node) -> bool:

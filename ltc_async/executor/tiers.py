@@ -14,8 +14,9 @@ is a `Tiered` wrapper around the quick program:
   KV cache) never reaches the threshold, and one whose baked scalars change every step (a
   clamp bound from a schedule) is not built for values that will not come back;
 * the build runs on the tier-up thread (`worker`, niced: `_background_priority`), never on a
-  tracing thread, a device worker or inside `mark_step`; it sees the graph's structure (an `Interpreter`, no node objects, so
-  no device data is kept alive) and the layouts of the inputs, not their values;
+  tracing thread, a device worker or inside `mark_step`; it sees the graph's structure (an
+  `Interpreter`, no node objects, so no device data is kept alive) and the layouts of the
+  inputs, not their values;
 * a skeleton's shape-generic program (`generic.py`; `wrap(..., generic=True)`) serves graphs
   of other sizes and ints: its lifted ints are not part of the specialization, and `_count`
   notes which tensor dimensions changed during the streak; the build makes those and the ints
@@ -71,6 +72,7 @@ from ..ir.node import TensorMeta
 from .futures import BackendData, Worker
 
 _IDLE, _QUEUED, _READY, _FAILED, _SLOWER = "idle", "queued", "ready", "failed", "slower"
+
 
 def _background_priority() -> None:
     """The tier-up thread runs at a lower scheduling priority (nice +10): Linux nices threads,
