@@ -69,17 +69,27 @@ def ltc_compiles() -> int:
 
 def settle_tiers(step: Callable[[], Any], steps_done: int) -> None:
     """With tiering on (the default), bring an ltc_async loop to its steady state before timing:
-    run `step` (a step on ltc:0, `steps_done` of which ran already) past the tier-up threshold,
-    wait for the background builds, and run past each built graph's trial of the two tiers."""
+    run `step` (a step on ltc:0, `steps_done` of which ran already) past the tier-up threshold
+    and wait for the background builds, until a round of steps queues none; then run past each
+    built graph's trial of the two tiers."""
     ltc = _ltc()
     from ltc_async.base.config import config
     from ltc_async.executor import arena, tiers
     if tiers.top_tier(arena.get("ltc:0")) is None:
         return
-    for _ in range(max(0, config.tier_up_after + 1 - steps_done)):
-        step()
-    ltc.wait_device_ops()
-    ltc.debug.wait_compiles()
+    # Rounds of steps until one queues no build: a graph can turn hot only after another's
+    # build (a skeleton's shape-generic program, `executor/generic.py`, exists from its second
+    # shape on), and a build left running would slow the timed rounds of every engine.
+    built = -1
+    for k in range(6):
+        done = (ltc.metrics.counter_value("TierUpCompile") or 0) + (ltc.metrics.counter_value("TierUpFailed") or 0)
+        if done == built:
+            break
+        built = done
+        for _ in range(max(0, config.tier_up_after + 1 - (steps_done if k == 0 else 0))):
+            step()
+        ltc.wait_device_ops()
+        ltc.debug.wait_compiles()
     for _ in range(2 * config.tier_trial + 3):   # the trial's runs, and the one ending its last period
         step()
     ltc.wait_device_ops()
