@@ -10,9 +10,10 @@ is a `Tiered` wrapper around the quick program:
   scalars the top tier would bake in: `Backend.tier_specialization`; Inductor lifts an
   optimizer's changing floats to inputs instead) equals the previous execution's.  At
   `config.tier_up_after` such executions in a row it queues ONE background build (state
-  `_QUEUED`): a graph that is not run again (the last smaller batch, one length of a growing
-  KV cache) never reaches the threshold, and one whose baked scalars change every step (a
-  clamp bound from a schedule) is not built for values that will not come back;
+  `_QUEUED`): a graph that is not run again (the last smaller batch) never reaches the
+  threshold (the lengths of a growing KV cache share their skeleton's program, which does,
+  and is built once for all of them: below), and one whose baked scalars change every step
+  (a clamp bound from a schedule) is not built for values that will not come back;
 * the build runs on the tier-up thread (`worker`, niced: `_background_priority`), never on a
   tracing thread, a device worker or inside `mark_step`; it sees the graph's structure (an
   `Interpreter`, no node objects, so no device data is kept alive) and the layouts of the
