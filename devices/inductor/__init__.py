@@ -108,8 +108,8 @@ class InductorProgram(Computation):
         self.backend_text = text
         self.strides = list(strides)        # the tensor inputs' strides the kernels were built for
         self.n_outputs = n_outputs          # the program returns its inputs after these (`_return_inputs`)
-        # the tensor inputs' shapes it was built for: a skeleton's program serves graphs of
-        # other shapes too (`ltc_async/executor/generic.py`), which run the quick tier
+        # the tensor inputs' shapes it was built for, where it serves graphs of other shapes too
+        # (a skeleton's program: `ltc_async/executor/generic.py`); those run the quick tier
         self.shapes = list(shapes)
 
     def accepts(self, inputs: Sequence[Any]) -> bool:
@@ -365,11 +365,14 @@ def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None
 
 
 def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
-          threads: int | None = None) -> InductorProgram:
+          threads: int | None = None, check_shapes: bool = False) -> InductorProgram:
     """Compile the graph `interp` replays (see the module note).  `inputs`: one execution's
     inputs, where tensors may be replaced by their `TensorMeta` (only their layout is used).
     `threads`: the OpenMP threads the CPU kernels may use (the device worker's intra-op count:
-    Inductor would otherwise build for every core and compete with the tracing thread)."""
+    Inductor would otherwise build for every core and compete with the tracing thread).
+    `check_shapes`: the program serves graphs of other shapes too (a skeleton's program), so
+    it accepts only executions whose inputs have the shapes it was built for (an exact graph's
+    shapes are fixed by its key: no check)."""
     from torch._inductor import config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -398,7 +401,7 @@ def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],
         fn, wrapper = _with_a_wrapper(compile_once, device, threads, "")
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in graph.scalar_slots if i not in lifts_used)
     return InductorProgram(fn, slots, lift_slots, baked, wrapper + gm.code, [e.stride() for e in examples[:len(slots)]],
-                           n_outputs, [tuple(e.shape) for e in examples[:len(slots)]])
+                           n_outputs, [tuple(e.shape) for e in examples[:len(slots)]] if check_shapes else ())
 
 
 def _return_inputs(gm: torch.fx.GraphModule) -> int:
@@ -473,6 +476,10 @@ class DynamicProgram(InductorProgram):
         super().__init__(fn, tensor_slots, lifted, baked, text, (), n_outputs)
         self.ints = ints        # positions of the SymInt inputs among all inputs
         self.guard = guard      # the ShapeEnv's guards, a function of the program's arguments
+        # The guards see the lifted floats' layouts (0-dim elements of one tensor, at storage
+        # offsets 0, 1, ...), never their values: `accepts` passes these, made once, so only
+        # `execute` makes the floats' tensor
+        self._float_layouts = _scalars([0.0] * len(lifted))
 
     def _args(self, inputs: Sequence[Any]) -> list[Any]:
         args = [inputs[i] for i in self.tensor_slots]
@@ -485,7 +492,8 @@ class DynamicProgram(InductorProgram):
         if not super().accepts(inputs):
             return False
         try:
-            return bool(self.guard(self._args(inputs)))
+            return bool(self.guard([inputs[i] for i in self.tensor_slots] + self._float_layouts +
+                                   [inputs[i] for i in self.ints]))
         except Exception:  # noqa: BLE001 - a guard that cannot be evaluated serves nothing
             return False
 

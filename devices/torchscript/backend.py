@@ -158,13 +158,13 @@ class TorchScriptBackend(Backend):
         return inductor.specialization(graph)
 
     def compile_tier(self, tier: str, graph: Any, device: torch.device, inputs: Sequence[Any],
-                     varying: frozenset = frozenset()) -> Computation:
+                     varying: frozenset | None = None) -> Computation:
         if tier != "inductor":
             raise NotImplementedError(tier)
         threads = _worker_threads.get(str(device))
-        if graph.lifted_scalars or varying:   # a program that serves several shapes
+        if graph.lifted_scalars or varying:   # a skeleton's program whose ints or sizes vary
             return inductor.build_generic(graph, device, inputs, varying, threads=threads)
-        return inductor.build(graph, device, inputs, threads=threads)
+        return inductor.build(graph, device, inputs, threads=threads, check_shapes=varying is not None)
 
     def can_lower(self, node: Node) -> bool:
         key = (node.op, tuple(_kind(e) for e in node.template))

@@ -96,14 +96,15 @@ class Backend(ABC):
         return lambda inputs: tuple([(type(v), v) for v in inputs if not isinstance(v, torch.Tensor)])
 
     def compile_tier(self, tier: str, graph: Interpreter, device: torch.device,
-                     inputs: Sequence[Any], varying: frozenset = frozenset()) -> Computation:
+                     inputs: Sequence[Any], varying: frozenset | None = None) -> Computation:
         """Build the graph's program on `tier`, on the background tier-up thread.  `graph`
         replays the graph's structure; `inputs` are one execution's inputs in graph-input
-        order, tensors given by their `TensorMeta` (layout only).  A skeleton's program
+        order, tensors given by their `TensorMeta` (layout only).  `varying` is None for an
+        exact graph (its shapes are fixed by its key).  A skeleton's program
         (`executor/generic.py`) serves graphs of other sizes: its lifted ints are inputs
         (`graph.lifted_scalars`), and `varying` holds the (input position, dim) pairs whose
-        sizes differed between the executions that made it hot.  The program must serve other
-        values of those, and say in `accepts` which executions it serves."""
+        sizes differed between the executions that made it hot (maybe none).  Its program must
+        serve other values of those, and say in `accepts` which executions it serves."""
         raise NotImplementedError(tier)
 
     def can_lower(self, node: Node) -> bool:
