@@ -132,7 +132,10 @@ class _LtcDeviceGuard(torch._C._acc.DeviceGuard):
     `type_` first takes a pending error inside a backward pass (the engine then ends with an
     error that carries none) and keeps it for the backward wrapper (`_raising_deferred`), which
     raises it where `backward()` was called.  Outside a backward pass a pending error is raised
-    again, as before: PyTorch's own handling applies."""
+    again, as before: PyTorch's own handling applies.
+
+    Offered to PyTorch after the native piece's C++ guard (`patches/native`), which PyTorch then
+    keeps: this one serves only where that is not built (or `LTC_ASYNC_NATIVE=0`)."""
 
     def type_(self) -> Any:
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import textwrap
 
 import pytest
@@ -20,9 +21,11 @@ def _bug(reason: str):
     return pytest.mark.xfail(reason=f"issue 9: {reason}", strict=True)
 
 
-def _in_subprocess(body: str) -> None:
-    """Run `body` in a fresh interpreter (a crash there fails this test with its output)."""
-    run_python("import copy, io, torch, ltc_async as ltc\n" + textwrap.dedent(body), timeout=300)
+def _in_subprocess(body: str, env: dict | None = None) -> None:
+    """Run `body` in a fresh interpreter (a crash there fails this test with its output);
+    `env`: variables set for it, beside this process's environment."""
+    run_python("import copy, io, torch, ltc_async as ltc\n" + textwrap.dedent(body), timeout=300,
+               env={**os.environ, **env} if env else None)
 
 
 def test_deepcopy_of_tensors_models_and_optimizer_state():
@@ -165,11 +168,15 @@ def test_dtype_mixes_eager_accepts_still_trace():
     assert (ltc.metrics.counter_value("EagerFallback") or 0) == 0
 
 
-def test_exception_inside_backward_is_raised():
+@pytest.mark.parametrize("guard", ["native", "python"])
+def test_exception_inside_backward_is_raised(guard):
     """Errors raised during backward (a saved-tensor unpack hook, a tensor hook, a custom
     Function) reach the caller as on the CPU; the process and the device go on.  (The unpack
     hook's error used to abort the process: PyTorch's Python-backed device guard was called
-    from the engine's stream guard with the error pending.)"""
+    from the engine's stream guard with the error pending.)  With either device guard: the
+    native one (`make setup`'s build) and PyTorch's Python-backed one (no build)."""
+    if guard == "native" and not __import__("ltc_async.patches.native", fromlist=["x"]).loaded:
+        pytest.skip("the native hooks are not built here (`make setup` builds them)")
     _in_subprocess("""
         x = torch.randn(3).to("ltc:0").requires_grad_()
         def unpack(t):
@@ -209,7 +216,15 @@ def test_exception_inside_backward_is_raised():
             raise AssertionError("expected the Function's error")
         (x * 3).sum().backward()
         assert x.grad.cpu().tolist() == [3.0, 3.0, 3.0]
-    """)
+        from ltc_async.patches import native, registration
+        assert native.loaded == (GUARD == "native")
+        # which guard serves the engine: the Python one is asked for the device type each time
+        calls = []
+        asked = registration._LtcDeviceGuard.type_
+        registration._LtcDeviceGuard.type_ = lambda self: (calls.append(1), asked(self))[1]
+        (x * 4).sum().backward()
+        assert (not calls) == (GUARD == "native"), len(calls)
+    """.replace("GUARD", repr(guard)), env={"LTC_ASYNC_NATIVE": "0"} if guard == "python" else None)
 
 
 def test_integer_indexing_is_traced_not_fallen_back():

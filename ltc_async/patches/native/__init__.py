@@ -1,17 +1,23 @@
-"""An optional native piece: the `ltc` device's PrivateUse1 hooks with a pinned host allocator.
+"""An optional native piece: the `ltc` device's PrivateUse1 hooks with a pinned host allocator,
+and its device guard in C++.
 
 Design note.  One thing a backend registered from Python cannot give PyTorch is pinned host
 memory: `torch._C._acc.PrivateUse1Hooks` forwards only `is_available`, `has_primary_context` and
 `is_built`, and PyTorch's DistributedDataParallel with `find_unused_parameters=True` or
 `static_graph=True` allocates pinned memory for any PrivateUse1 device (its reducer's
 used-parameter map), failing with "implement `getPinnedMemoryAllocator`".  `pinned_hooks.cpp`
-(about 60 lines) implements the hooks in C++; PyTorch keeps the first hooks object registered
+(about 120 lines) implements the hooks in C++; PyTorch keeps the first hooks object registered
 in a process, so `load()` must run before the Python registration (`patches/registration.py`
 calls it first).  Building needs a C++ compiler and ninja, and takes ~40 s once per torch
 version: `python -m ltc_async.patches.native` (run by `make setup`) builds into
 `$LTC_ASYNC_NATIVE_DIR` (default `~/.cache/ltc_async/native/<torch version>-py<X.Y>`); import
 only loads a build that is there (milliseconds), never compiles.  Without one, everything but
 those two DDP options works as before.  `LTC_ASYNC_NATIVE=0` turns the loading off.
+
+The device guard: PyTorch's Python-backed PrivateUse1 guard calls Python for the device type on
+every guard operation, and the autograd engine makes several per backward node; the C++ guard
+answers the same without Python (`pinned_hooks.cpp`, "The device guard"), and is registered
+by `install` before the Python one is offered (PyTorch keeps the first).
 """
 from __future__ import annotations
 

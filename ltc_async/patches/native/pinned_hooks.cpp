@@ -22,11 +22,24 @@
 // the PrivateUse1 allocation branch does.  DDP's reducer asserts `is_pinned()` right after such
 // an allocation ("local_used_map_tmp.is_pinned() INTERNAL ASSERT FAILED").  So `install`
 // initializes PrivateUse1 and `isPinnedPtr` also answers for CUDA's pinned blocks.
+//
+// The device guard.  PyTorch's Python-backed PrivateUse1 guard (`torch._C._acc.DeviceGuard`)
+// calls into Python for the device type on every guard operation -- getDevice, exchangeDevice,
+// getStream, exchangeStream -- and the autograd engine makes several per backward node: ~900
+// Python calls a step of a tiny BERT's training, 7-8% of the tracing thread's time (py-spy
+// --native).  `Guard` gives PyTorch the same answers without Python: the type PrivateUse1,
+// device index 0 (PyTorch's Python guard answers `Device(type(), 0)`), one default stream, no-op
+// device switches and events, one device as the engine's device count.  PyTorch keeps the first
+// guard registered for a device type, so `install` registers it before the Python one is
+// offered (`patches/registration.py`, `_LtcDeviceGuard`, which stays the guard without a build).
+// Never calling Python, it also cannot meet a Python error left pending inside the engine (what
+// `_LtcDeviceGuard.type_` has to take care of).
 #include <torch/extension.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <mutex>
 #include <unordered_set>
 
@@ -104,10 +117,38 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     return at::make_generator<LtcGenerator>(index < 0 ? 0 : index);
   }
 };
+
+// What PyTorch's Python-backed guard (torch/csrc/acc/Module.cpp, `PythonDeviceGuard`) answers,
+// with the type known here instead of asked of Python each time.
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+  static c10::Device device() { return c10::Device(kType, 0); }
+  static c10::Stream stream() { return c10::Stream(c10::Stream::DEFAULT, device()); }
+
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device) const override { return device(); }
+  c10::Device getDevice() const override { return device(); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override { return stream(); }
+  c10::Stream getNewStream(c10::Device, int) const override { return stream(); }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override { return stream(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+};
 }  // namespace
 
 void install() {
   at::RegisterPrivateUse1HooksInterface(new Hooks());
+  // first come, first kept: the Python guard offered later is not registered
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
+    c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, new Guard());
+  }
   // `is_pinned()` consults PrivateUse1's hooks only once PrivateUse1 is initialized (see above)
   at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
 }
