@@ -303,6 +303,29 @@ def test_a_growing_sequence_and_alternating_buckets_are_built_once_for_all_their
     assert _counts()["TierUpRun"] - c["TierUpRun"] == 3
 
 
+def test_a_negative_int_that_varies_is_symbolic_too():
+    """A prompt's last `n` positions (`input_ids[:, -n:]`, what `generate()`'s prefill takes),
+    `n` changing every step: the lifted int is negative.  The build once refused it (the
+    `ShapeEnv`'s symbols were positive: "positive set for negative value"), leaving the graph
+    on the quick tier; its sign is now left open, and the values stay eager's."""
+    torch.manual_seed(0)
+    base = torch.randn(4, 64)
+    x = base.to(DEV)
+
+    def step(n):
+        return (x[:, -n:] * 2).sum(1).cpu()
+
+    ltc.metrics.reset()
+    for n in range(3, 3 + 3 * config.tier_up_after):
+        torch.testing.assert_close(step(n), (base[:, -n:] * 2).sum(1))
+    assert ltc.debug.wait_compiles(600)
+    c = _counts()
+    assert c["TierUpCompile"] >= 1 and c["TierUpFailed"] == 0, c
+    for n in (40, 1, 64, 2):   # unseen; 1 is also the size a static build would have specialized
+        torch.testing.assert_close(step(n), (base[:, -n:] * 2).sum(1))
+    assert _counts()["TierUpRun"] - c["TierUpRun"] >= 2
+
+
 @pytest.mark.parametrize("options", [{}, {"foreach": False}, {"fused": True}],
                          ids=["foreach", "single_tensor", "fused"])
 def test_adamw_training_moves_to_inductor_although_its_scalars_change(options):

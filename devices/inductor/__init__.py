@@ -541,8 +541,11 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
         dims = [DimDynamic.DYNAMIC if (i, d) in varying else DimDynamic.STATIC for d in range(example.dim())]
         fakes.append(fake_mode.from_tensor(example, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
     fakes += [fake_mode.from_tensor(t) for t in _scalars([inputs[i] for i in lift_slots])]
+    # a lifted int is any int constant of the graph, not a size: its sign is left open (a
+    # symbol is positive by default, and the build refused a negative one: `x[:, -n:]`)
     fakes += [env.create_symintnode(env.create_symbol(inputs[i], ConstantSource(f"ltc_int{k}"),
-                                                      dynamic_dim=DimDynamic.DYNAMIC), hint=inputs[i])
+                                                      dynamic_dim=DimDynamic.DYNAMIC, positive=None),
+                                    hint=inputs[i])
               for k, i in enumerate(int_slots)]
     with torch.no_grad():
         gm = make_fx(graph, tracing_mode="symbolic", decomposition_table=select_decomp_table())(*fakes)
