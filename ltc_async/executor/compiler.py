@@ -173,12 +173,7 @@ def _prepare_here(ctx: Any, roots: list[tuple[Node, int]], label: str, fut: cf.F
     global _last
     try:
         plan = GraphPlan(roots)
-        comp = cache.get((str(ctx.backend_device), plan.key))
-        if comp is not None:
-            counters.counter("CachedCompile")
-            if events.looked_up.on:
-                events.looked_up(ctx, plan, label, True)
-            plan.comp = comp
+        if _cached(ctx, plan, label, hit_only=True) is not None:
             fut.set_result(plan)
             return
     except BaseException as e:  # noqa: BLE001 - the execution waiting for it reports it
@@ -205,12 +200,8 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str,
     plan = plan or GraphPlan(roots)
     device_key = str(ctx.backend_device)
     key = (device_key, plan.key)
-    comp = cache.get(key)
-    if events.looked_up.on:   # findings, recompile explanations, `ltc.debug.save_graphs`
-        events.looked_up(ctx, plan, label, comp is not None)
-    if comp is not None:
-        counters.counter("CachedCompile")
-    else:
+    comp = _cached(ctx, plan, label)
+    if comp is None:
         comp, request, worth_building = generic.lookup(device_key, plan) \
             if ctx.backend.lifts_ints and tiers.only_tier(ctx) is None else (None, None, True)
         if comp is not None:   # a generic program of this graph's skeleton: no compile
@@ -232,8 +223,22 @@ def _prepare(ctx: Any, roots: list[tuple[Node, int]], label: str,
                 if worth_building:   # not one of many shapes of such a skeleton (`generic.py`)
                     comp = tiers.wrap(ctx, plan, comp, label)   # built on a better tier once hot
         cache.put(key, comp)
-    plan.comp = comp
+        plan.comp = comp
     return plan
+
+
+def _cached(ctx: Any, plan: GraphPlan, label: str, hit_only: bool = False) -> Computation | None:
+    """The cached program of `plan`'s graph, set on the plan (a hit is counted), or None.  The
+    lookup is reported to `events.looked_up`'s subscribers (findings, recompile explanations,
+    `ltc.debug.save_graphs`); `hit_only`: a miss is not reported here (the compiler thread's
+    `_prepare` looks the plan up again and reports it)."""
+    comp = cache.get((str(ctx.backend_device), plan.key))
+    if events.looked_up.on and (comp is not None or not hit_only):
+        events.looked_up(ctx, plan, label, comp is not None)
+    if comp is not None:
+        counters.counter("CachedCompile")
+        plan.comp = comp
+    return comp
 
 
 def _compile(ctx: Any, plan: GraphPlan, label: str,
