@@ -303,6 +303,24 @@ def test_a_growing_sequence_and_alternating_buckets_are_built_once_for_all_their
     assert _counts()["TierUpRun"] - c["TierUpRun"] == 3
 
 
+def test_a_lifted_scalar_takes_each_steps_value_and_its_sign_of_zero():
+    """A top-tier program passes the last execution's scalar tensors again when the values are
+    equal (`InductorProgram._floats`); a new value, and a zero of the other sign (-0.0 equals
+    0.0 for `==`), are new tensors: the signs of eager's zeros."""
+    torch.manual_seed(0)
+    base = torch.randn(8, 8)
+    x = base.to(DEV)
+    ltc.metrics.reset()
+    for _ in range(config.tier_up_after + 1):
+        (x * 3.0).cpu()
+    assert ltc.debug.wait_compiles(600)
+    runs = _counts()["TierUpRun"]
+    for s in (3.0, 3.0, 0.5, 0.0, -0.0, -0.0, 0.0, 3.0):
+        got, want = (x * s).cpu(), base * s
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), s
+    assert _counts()["TierUpRun"] - runs == 8
+
+
 def test_a_negative_int_that_varies_is_symbolic_too():
     """A prompt's last `n` positions (`input_ids[:, -n:]`, what `generate()`'s prefill takes),
     `n` changing every step: the lifted int is negative.  The build once refused it (the
