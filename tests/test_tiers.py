@@ -303,6 +303,30 @@ def test_a_growing_sequence_and_alternating_buckets_are_built_once_for_all_their
     assert _counts()["TierUpRun"] - c["TierUpRun"] == 3
 
 
+def test_a_lifted_int_built_at_one_stays_symbolic():
+    """A `ShapeEnv` makes a symbol's 0 or 1 a constant unless told not to: a shape-generic
+    program built while its lifted int was 1 had that int as a plain constant, with no guard
+    on it (the build failed on the placeholder it left: "KeyError: 'val'", seen with
+    torchdiffeq's `_check_timelike`).  Lifted ints stay symbolic: the program built at 1
+    serves other values with eager's results."""
+    torch.manual_seed(0)
+    base = torch.randn(4, 16)
+    x = base.to(DEV)
+
+    def step(k):   # (a skeleton of its own: other tests' slices are multiplied)
+        return torch.tanh(x[:, k:]).sum(1).cpu()
+
+    ltc.metrics.reset()
+    for k in [2, 3] + [1] * (config.tier_up_after + 1):   # lifted at 3, built at 1
+        torch.testing.assert_close(step(k), torch.tanh(base[:, k:]).sum(1))
+    assert ltc.debug.wait_compiles(600)
+    c = _counts()
+    assert c["TierUpCompile"] >= 1 and c["TierUpFailed"] == 0, c
+    for k in (1, 5, 0, 9, 1):
+        torch.testing.assert_close(step(k), torch.tanh(base[:, k:]).sum(1))
+    assert _counts()["TierUpRun"] - c["TierUpRun"] >= 3
+
+
 def test_a_lifted_scalar_takes_each_steps_value_and_its_sign_of_zero():
     """A top-tier program passes the last execution's scalar tensors again when the values are
     equal (`InductorProgram._floats`); a new value, and a zero of the other sign (-0.0 equals

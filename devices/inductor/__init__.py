@@ -557,9 +557,12 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
         fakes.append(fake_mode.from_tensor(example, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
     fakes += [fake_mode.from_tensor(t) for t in _scalars([inputs[i] for i in lift_slots])]
     # a lifted int is any int constant of the graph, not a size: its sign is left open (a
-    # symbol is positive by default, and the build refused a negative one: `x[:, -n:]`)
+    # symbol is positive by default, and the build refused a negative one: `x[:, -n:]`), and
+    # a 0 or 1 stays a symbol (by default the ShapeEnv makes it a constant, unguarded: the
+    # program would have kept the build's value for every later one)
     fakes += [env.create_symintnode(env.create_symbol(inputs[i], ConstantSource(f"ltc_int{k}"),
-                                                      dynamic_dim=DimDynamic.DYNAMIC, positive=None),
+                                                      dynamic_dim=DimDynamic.DYNAMIC, positive=None,
+                                                      do_not_specialize_zero_one=True),
                                     hint=inputs[i])
               for k, i in enumerate(int_slots)]
     with torch.no_grad():
