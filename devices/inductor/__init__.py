@@ -480,6 +480,11 @@ def _example(v: Any, device: torch.device) -> torch.Tensor:
 # for all of them.  What the trace assumed of the sizes (`s0 == s1 + 1`, a stride, `2 <= s0`:
 # the `ShapeEnv`'s guards) is checked before each execution (`DynamicProgram.accepts`, ~10 us);
 # an execution the guards reject runs the quick program, as one with other baked scalars does.
+# A lifted int is any int constant of the graph (a slice's start, a dimension), not a size: its
+# symbol has no sign assumed and stays a symbol at 0 and 1 (a `ShapeEnv` would otherwise make a
+# 0 or 1 a constant that no guard checks).  Tensor dimensions that did not vary while the program
+# got hot are static: a later graph of the skeleton with other such sizes is rejected by the
+# guards and keeps running the quick program (the skeleton's program is built once).
 
 
 class DynamicProgram(InductorProgram):
