@@ -116,8 +116,8 @@ class InductorProgram(Computation):
     def _floats(self, inputs: Sequence[Any]) -> Sequence[torch.Tensor]:
         """The lifted scalars as the program takes them: one tensor made, its elements passed
         (`_scalars`: ~2 us a scalar less); those of the last execution again when the values
-        are the same (a generate() token's scale factors, a constant learning rate: ~10 us less
-        a run).  The program only reads them.  Tuples compare floats with `==`, which takes
+        are the same (a generate() token's scale factors, a constant learning rate: a tiny
+        Llama's token, 45 -> 7 us).  The program only reads them.  Tuples compare floats with `==`, which takes
         -0.0 for 0.0: values with a zero are made anew."""
         values = tuple([inputs[i] for i in self.lifted])
         last = self._last_floats
@@ -563,8 +563,8 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
     fakes += [fake_mode.from_tensor(t) for t in _scalars([inputs[i] for i in lift_slots])]
     # a lifted int is any int constant of the graph, not a size: its sign is left open (a
     # symbol is positive by default, and the build refused a negative one: `x[:, -n:]`), and
-    # a 0 or 1 stays a symbol (by default the ShapeEnv makes it a constant, unguarded: the
-    # program would have kept the build's value for every later one)
+    # a 0 or 1 stays a symbol (by default the ShapeEnv makes it a constant that no guard
+    # checks; the build then failed on its placeholder: "KeyError: 'val'")
     fakes += [env.create_symintnode(env.create_symbol(inputs[i], ConstantSource(f"ltc_int{k}"),
                                                       dynamic_dim=DimDynamic.DYNAMIC, positive=None,
                                                       do_not_specialize_zero_one=True),
