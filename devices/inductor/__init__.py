@@ -117,8 +117,8 @@ class InductorProgram(Computation):
         """The lifted scalars as the program takes them: one tensor made, its elements passed
         (`_scalars`: ~2 us a scalar less); those of the last execution again when the values
         are the same (a generate() token's scale factors, a constant learning rate: a tiny
-        Llama's token, 45 -> 7 us).  The program only reads them.  Tuples compare floats with `==`, which takes
-        -0.0 for 0.0: values with a zero are made anew."""
+        Llama's token, 45 -> 7 us).  The program only reads them.  Tuples compare floats with
+        `==`, which takes -0.0 for 0.0: values with a zero are made anew."""
         values = tuple([inputs[i] for i in self.lifted])
         last = self._last_floats
         if last is not None and last[0] == values and 0 not in values:
