@@ -345,6 +345,42 @@ def test_a_lifted_scalar_takes_each_steps_value_and_its_sign_of_zero():
     assert _counts()["TierUpRun"] - runs == 8
 
 
+def test_a_stopping_flag_made_with_full_stays_on_the_top_tier_when_it_flips():
+    """A decoding loop's stopping criteria, as transformers' `generate()` writes them: the
+    max-length flag is `torch.full((batch,), cur_len >= max_length, dtype=torch.bool)`, False
+    at every step but the last, and a per-step scale is a float `full`.  Both fill values are
+    inputs of the top-tier program (`_lifted_fill`): one build, and every later step runs on it,
+    the last one (the flag flipped) included; values equal eager's.  (Baked, the flag sent
+    every call's last step to the quick tier, and the changing scale kept the graph from being
+    built at all.)  The check `(unfinished & ~done).max() == 0` is also a kernel Inductor 2.13
+    failed to build for a bool `max` (`_BOOL_REDUCTIONS`: built as `any`)."""
+    torch.manual_seed(0)
+    w, h0 = torch.randn(16, 16) / 4, torch.randn(2, 16)
+    n = 2 * config.tier_up_after
+
+    def decode(dev):
+        h, wd, unfinished = h0.to(dev), w.to(dev), torch.ones(2, dtype=torch.bool).to(dev)
+        out = []
+        for cur in range(n):
+            h = torch.tanh(h @ wd) * torch.full((2, 1), 1.0 + 0.25 * cur, device=dev)
+            unfinished = unfinished & ~torch.full((2,), cur + 1 >= n, dtype=torch.bool, device=dev)
+            out.append(h.sum(1))
+            if bool(unfinished.max() == 0):     # generate()'s one read per token
+                break
+        return torch.stack(out).cpu(), unfinished.cpu()
+
+    want = decode("cpu")
+    ltc.metrics.reset()
+    decode(DEV)
+    assert ltc.debug.wait_compiles(600)
+    c = _counts()
+    assert c["TierUpCompile"] >= 1 and c["TierUpFailed"] == 0, c
+    got = decode(DEV)
+    torch.testing.assert_close(got[0], want[0])
+    assert torch.equal(got[1], want[1]) and len(got[0]) == n
+    assert _counts()["TierUpRun"] - c["TierUpRun"] == n
+
+
 def test_a_negative_int_that_varies_is_symbolic_too():
     """A prompt's last `n` positions (`input_ids[:, -n:]`, what `generate()`'s prefill takes),
     `n` changing every step: the lifted int is negative.  The build once refused it (the

@@ -18,7 +18,9 @@ How a graph becomes an Inductor program:
    in a Tensor slot of a floating-point op (`div.Tensor(x, bias_correction)`), the scalar of
    `mul/div/add/sub.Scalar` and the `value` of `addcdiv` / `addcmul` (Adam's step size) become
    0-dim float64 inputs of the program (`mul.Tensor(x, t)` computes what `mul.Scalar(x, s)`
-   does for floating `x`; `addcdiv(x, a, b, value=s)` becomes `x + t * a / b`).  The rest (an
+   does for floating `x`; `addcdiv(x, a, b, value=s)` becomes `x + t * a / b`), and so does the
+   fill value of a bool or floating `full` (`full((b,), cur_len >= max_len, dtype=bool)`,
+   generate()'s stopping criterion, is `ones * t`: `_full_of`).  The rest (an
    int exponent, a clamp bound) are baked: the program serves the executions whose baked
    scalars equal those it was built with (`InductorProgram.accepts`), and the executor only
    builds it for a graph whose baked-to-be scalars (`specialization`) were the same over the
@@ -121,7 +123,7 @@ class InductorProgram(Computation):
         `==`, which takes -0.0 for 0.0: values with a zero are made anew."""
         values = tuple([inputs[i] for i in self.lifted])
         last = self._last_floats
-        if last is not None and last[0] == values and 0 not in values:
+        if last is not None and last[0] == values and (0 not in values or _no_float_zero(values)):
             return last[1]
         made = torch.tensor(values, dtype=torch.float64).unbind()
         self._last_floats = (values, made)
@@ -153,6 +155,11 @@ class InductorProgram(Computation):
         return list(self.fn(*args)[:self.n_outputs])
 
 
+def _no_float_zero(values: tuple) -> bool:
+    """No float zero among `values` (an int or bool 0 has no sign: `False`, a full's fill)."""
+    return not any(v == 0 and type(v) is float for v in values)
+
+
 def _relayout(a: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     """`a`'s values in the layout `stride` (of a tensor of `a`'s shape).  A dimension of stride 0
     (an expanded value: its entries are equal along it) is copied once and expanded again."""
@@ -173,8 +180,21 @@ _ADDC = {torch.ops.aten.addcdiv.default: torch.ops.aten.div.Tensor,
          torch.ops.aten.addcmul.default: torch.ops.aten.mul.Tensor}
 
 
+_FULL = torch.ops.aten.full.default
+
+
+def _lifted_fill(op: Any, template: tuple, pos: int, kind: type) -> bool:
+    """Whether the scalar at template position `pos` is the fill value of a `full` this tier
+    lifts: into a bool tensor any number (its truth), into a floating one a float (the
+    float64 input converts as eager's Python float does).  The rest are baked."""
+    if op is not _FULL or pos != 1 or len(template) < 3:
+        return False
+    dtype = template[2]
+    return dtype is torch.bool or (isinstance(dtype, torch.dtype) and dtype.is_floating_point and kind is float)
+
+
 def _candidates(steps: list) -> set[int]:
-    """Positions, among a graph's scalars in input order (`Interpreter.steps`), of the floats
+    """Positions, among a graph's scalars in input order (`Interpreter.steps`), of the scalars
     this tier may lift (see the module note; whether it does depends on dtypes, known when
     tracing)."""
     out, k = set(), 0
@@ -183,9 +203,12 @@ def _candidates(steps: list) -> set[int]:
             continue
         schema = getattr(op, "_schema", None)
         for pos, e in enumerate(template):
-            if type(e) is tuple and e and type(e[0]) is Tag and e[0] is SCALAR and len(e) > 2 and e[2] is float:
-                if schema is not None and (isinstance(schema.arguments[pos].type, torch._C.TensorType)
-                                           or op in _SCALAR_TO_TENSOR or op in _ADDC):
+            if type(e) is tuple and e and type(e[0]) is Tag and e[0] is SCALAR and len(e) > 2:
+                if e[2] is float and schema is not None and (
+                        isinstance(schema.arguments[pos].type, torch._C.TensorType)
+                        or op in _SCALAR_TO_TENSOR or op in _ADDC):
+                    out.add(k + e[1])
+                elif _lifted_fill(op, template, pos, e[2]):
                     out.add(k + e[1])
         k += n_scalars
     return out
@@ -254,6 +277,12 @@ class _LiftingInterpreter(Interpreter):
         scalars = [next(it) for _ in range(n_scalars)]
         if not isinstance(op, torch._ops.OpOverload) or not any(isinstance(v, _Lift) for v in scalars):
             return super()._run_step(step, env, iter(scalars))
+        if op is _FULL:     # a lifted fill value (`_lifted_fill`)
+            lift = next(v for v in scalars if isinstance(v, _Lift))
+            lift.used = True
+            plain = [v.value if isinstance(v, _Lift) else v for v in scalars]
+            pos_args, kw_args = self._split(op, [self._arg(e, [], plain) for e in template])
+            return self.flatten(_full_of(pos_args[0], lift.tensor, **kw_args), out_spec)
         vals = [env[k][i] for k, i in operands]
         # a lifted float is a 0-dim float64 tensor, which outranks 0-dim float32 tensors in type
         # promotion where a Python number does not (`lr / step` of 0-dim tensors came out float64,
@@ -295,6 +324,8 @@ class _LiftingInterpreter(Interpreter):
             if op is torch.ops.aten._reshape_alias_copy.default:
                 args = args[:2]          # (self, size, stride): reshape takes the size
             return view(*args, **kwargs)
+        if op in _BOOL_REDUCTIONS and args[0].dtype is torch.bool and args[0].numel() != 0:
+            return _BOOL_REDUCTIONS[op](args[0])
         if op is torch.ops.aten._grouped_mm.default and args[0].dtype is not torch.bfloat16:
             return _grouped_mm()(*args, **kwargs)
         return _without_alpha(op, args, kwargs)
@@ -303,6 +334,29 @@ class _LiftingInterpreter(Interpreter):
     def _split(op: Any, args: list) -> tuple[list, dict]:
         pos, kw = op_info(op).split(args)
         return list(pos), dict(kw)
+
+
+# A bool tensor's `max` / `min` as the `any` / `all` they are.  Inductor 2.13's C++ kernels for
+# the `max` (`min`) of a bool that mixes a loaded bool and a comparison of floats did not build
+# (`max_masked_reduce(VecMask<float, 1>&, VecMask<int, 1>&, ...)`): generate()'s stopping check
+# `(unfinished & ~done).max() == 0` kept its graph on the quick tier.  Not for an empty tensor,
+# whose `max` raises where `any` would answer (a symbolic size gets a guard: `numel() != 0`).
+_BOOL_REDUCTIONS = {torch.ops.aten.max.default: torch.ops.aten.any.default,
+                    torch.ops.aten.min.default: torch.ops.aten.all.default}
+
+
+def _full_of(size: Any, value: torch.Tensor, *, dtype: torch.dtype, layout: Any = None, device: Any = None,
+             pin_memory: Any = None) -> torch.Tensor:
+    """`full(size, v, dtype=dtype)` for a lifted `v` (a 0-dim float64 tensor), with `full`'s
+    values and contiguous layout: floating, ones times `v` (a 0-dim tensor does not promote
+    within floating dtypes, so `v` is rounded once, to `dtype`, as eager's Python number is);
+    bool, `v`'s truth."""
+    def full(fill: Any) -> torch.Tensor:
+        return torch.ops.aten.full.default(size, fill, dtype=dtype, layout=layout, device=device,
+                                           pin_memory=pin_memory)
+    if dtype is torch.bool:
+        return torch.ops.aten.where.self(torch.ops.aten.ne.Scalar(value, 0), full(True), full(False))
+    return torch.ops.aten.mul.Tensor(full(1), value)
 
 
 @functools.lru_cache(maxsize=None)
