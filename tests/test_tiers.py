@@ -203,6 +203,11 @@ def test_a_batch_size_that_changes_every_step_gets_one_shape_generic_program():
         torch.testing.assert_close((lazy(x.to(DEV)) * 1).sum(0).cpu(), (m(x) * 1).sum(0), rtol=1e-4, atol=1e-5)
     c = _counts()
     assert c["TierUpRun"] - before == 4 and c["TierUpCompile"] == 1 and c["TierUpFailed"] == 0, c
+    # the program got the wrapper its text names: the C++ one (it once said so of a program
+    # Inductor had given the Python wrapper: `compile_fx_inner` takes it as an argument)
+    tops = [c._top for c in _programs() if type(getattr(c, "_top", None)) is inductor.DynamicProgram]
+    assert tops and all(t.backend_text.startswith("# Inductor program, shape-generic, C++ wrapper") and
+                        "inductor_entry" in t.fn.source_code for t in tops)
     # what the build assumed of the sizes is checked before each run: a batch of one (sizes 0
     # and 1 are specialized by symbolic tracing) and a transposed input run the quick program
     for x in (torch.randn(1, 32, generator=g), torch.randn(32, 6, generator=g).t()):

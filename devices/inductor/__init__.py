@@ -634,8 +634,11 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
         n_outputs = _return_inputs(gm)
 
         def compile_once(patch: dict) -> Any:
+            # `compile_fx_inner` takes the wrapper from its argument, not from the config that
+            # `torch._inductor.compile` reads (passed the config alone, every shape-generic
+            # program got the Python wrapper, and its text said "C++ wrapper")
             with tracing(TracingContext(fake_mode)), V.set_fake_mode(fake_mode), inductor_config.patch(patch):
-                return compile_fx_inner(gm, placeholders)
+                return compile_fx_inner(gm, placeholders, cpp_wrapper=patch["cpp_wrapper"])
         fn, wrapper = _with_a_wrapper(compile_once, device, threads, "shape-generic, ")
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in graph.scalar_slots
                   if i not in used and i not in int_slots)
