@@ -82,7 +82,8 @@ conformance-inductor: setup
 		--json conformance-inductor.jsonl | tee conformance-inductor.txt
 
 # Differential fuzzing against eager PyTorch at length (tests/test_fuzz.py; CI runs a bounded
-# profile): LTC_FUZZ_EXAMPLES programs per test, failures saved to tests/fuzz/.hypothesis.
+# profile): LTC_FUZZ_EXAMPLES programs per test (LTC_FUZZ_TIERED_EXAMPLES, default 300, for the
+# top-tier tests: an Inductor build or a few each), failures saved to tests/fuzz/.hypothesis.
 fuzz: setup
 	LTC_FUZZ_PROFILE=long $(BIN)/python -m pytest -q -p no:cacheprovider -s tests/test_fuzz.py
 

@@ -6,6 +6,8 @@ their twins (`1` -> `1.0`, `0.0` -> `-0.0`, ...) so that a cache entry made for 
 serve the other; observations (reads, `.item()`s, the final value of every variable, gradients
 in autograd mode) must agree in dtype, shape and value.  A step eager rejects must be rejected
 by ltc at the same step, or, for errors only the values can tell, when the result is read.
+The `..._on_the_top_tier` tests check the same after running each program three times with
+tiering on, its hot graphs built by Inductor inline: the checked runs are on Inductor's programs.
 
 Profiles (`LTC_FUZZ_PROFILE`):
   ci    (default) a bounded run for the test suite, with a fixed seed (`LTC_FUZZ_SEED`): the
@@ -47,7 +49,8 @@ SEED = seed(int(os.environ.get("LTC_FUZZ_SEED", 20261127))) if _NAME == "ci" els
 DEV, OTHER = "ltc:0", "ltc:1"
 # errors an ltc run may report at a later read instead of at the step eager raised at
 _DEFERRED = (ltc.ComputationError, ltc.ExecutionError)
-STATS = {"examples": 0, "programs_with_eager_errors": 0, "documented_limits": 0}
+STATS = {"examples": 0, "programs_with_eager_errors": 0, "documented_limits": 0, "top_tier_runs": 0,
+         "failed_builds": 0}
 
 
 def _outcome(program: P.Program, dev: str, twin: bool) -> tuple[list, P.StepError | None]:
@@ -82,8 +85,9 @@ def _documented_limit(err: P.StepError | None) -> bool:
     return err is not None and any(m in str(err.error) for m in _LIMITS)
 
 
-def check_program(program: P.Program) -> None:
-    """Eager and ltc agree on `program` and on its twin, run in that order on ltc."""
+def check_program(program: P.Program, loose: bool = False) -> None:
+    """Eager and ltc agree on `program` and on its twin, run in that order on ltc (`loose`:
+    floating values within float32's tolerance, `fuzz.programs.compare`)."""
     STATS["examples"] += 1
     for twin in (False, True):
         _drain()
@@ -94,11 +98,11 @@ def check_program(program: P.Program) -> None:
         where = f"(twin constants={twin})\n{program}"
         if _documented_limit(lerr) and (eerr is None or eerr.index >= lerr.index):
             STATS["documented_limits"] += 1  # a clear error; compare what came before it
-            P.compare(got, expected[:len(got)], where)
+            P.compare(got, expected[:len(got)], where, loose)
             continue
         if eerr is None:
             assert lerr is None, f"ltc raised where eager did not: {lerr} {where}"
-            P.compare(got, expected, where)
+            P.compare(got, expected, where, loose)
             continue
         STATS["programs_with_eager_errors"] += 1
         assert lerr is not None, f"eager raised {eerr} at step {eerr.index}, ltc did not {where}"
@@ -109,7 +113,7 @@ def check_program(program: P.Program) -> None:
                                                 or isinstance(eerr.error, NotImplementedError))
         assert lerr.index == eerr.index or deferred, f"eager: {eerr}; ltc: {lerr} {where}"
         n = min(len(got), len(expected))
-        P.compare(got[:n], expected[:n], where)
+        P.compare(got[:n], expected[:n], where, loose)
 
 
 @SEED
@@ -126,6 +130,61 @@ def test_random_autograd_programs_match_eager(program):
     check_program(program)
 
 
+# The top tier: each program runs three times on ltc with tiering on and hot graphs built
+# inline (no background thread), then is checked as above; its graphs now run on Inductor's
+# programs (the twin run's other constants may send a graph back to the quick tier).  Every
+# example is an Inductor build or a few (seconds each): fewer examples than the other tests.
+TIERED = settings(PROFILE, max_examples=int(os.environ.get("LTC_FUZZ_TIERED_EXAMPLES",
+                                                           6 if _NAME == "ci" else 300)),
+                  suppress_health_check=[*PROFILE.suppress_health_check, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def top_tier(monkeypatch):
+    from ltc_async_devices import inductor
+
+    from ltc_async.base.config import config
+    from ltc_async.executor import tiers
+    if inductor.available("cpu") is not None:
+        pytest.skip(f"Inductor cannot build CPU kernels here: {inductor.available('cpu')}")
+
+    def inline(job, future):
+        try:
+            future.set_result(job())
+        except BaseException as e:  # noqa: BLE001 - handed to the future, as the worker does
+            future.set_exception(e)
+        return future
+    monkeypatch.setattr(config, "tiers", ("ts", "inductor"))
+    monkeypatch.setattr(config, "tier_up_after", 2)
+    monkeypatch.setattr(config, "tier_trial", 0)
+    monkeypatch.setattr(tiers.worker, "submit", inline)
+
+
+def check_program_on_the_top_tier(program: P.Program) -> None:
+    for _ in range(3):
+        _outcome(program, DEV, False)
+    runs, failed = (ltc.metrics.counter_value(c) or 0 for c in ("TierUpRun", "TierUpFailed"))
+    check_program(program, loose=True)      # the tier's contract: equal within float tolerance
+    STATS["top_tier_runs"] += (ltc.metrics.counter_value("TierUpRun") or 0) - runs
+    STATS["failed_builds"] += failed
+
+
+@SEED
+@TIERED
+@given(P.programs())
+def test_random_programs_match_eager_on_the_top_tier(top_tier, program):
+    ltc.metrics.reset()
+    check_program_on_the_top_tier(program)
+
+
+@SEED
+@TIERED
+@given(P.programs(autograd=True))
+def test_random_autograd_programs_match_eager_on_the_top_tier(top_tier, program):
+    ltc.metrics.reset()
+    check_program_on_the_top_tier(program)
+
+
 def test_fuzz_programs_print_as_source():
     # what a failure report shows: the program as Python-like source, one step per line
     from hypothesis import find
@@ -139,4 +198,5 @@ def _report():
     yield
     print(f"\nfuzz: {STATS['examples']} programs checked (x2: twin constants), "
           f"{STATS['programs_with_eager_errors']} runs where eager raised, "
-          f"{STATS['documented_limits']} runs stopped by a documented ltc limit")
+          f"{STATS['documented_limits']} runs stopped by a documented ltc limit, "
+          f"{STATS['top_tier_runs']} executions on the top tier ({STATS['failed_builds']} failed builds)")
