@@ -350,13 +350,11 @@ def _full_of(size: Any, value: torch.Tensor, *, dtype: torch.dtype, layout: Any 
     """`full(size, v, dtype=dtype)` for a lifted `v` (a 0-dim float64 tensor), with `full`'s
     values and contiguous layout: floating, ones times `v` (a 0-dim tensor does not promote
     within floating dtypes, so `v` is rounded once, to `dtype`, as eager's Python number is);
-    bool, `v`'s truth."""
-    def full(fill: Any) -> torch.Tensor:
-        return torch.ops.aten.full.default(size, fill, dtype=dtype, layout=layout, device=device,
-                                           pin_memory=pin_memory)
-    if dtype is torch.bool:
-        return torch.ops.aten.where.self(torch.ops.aten.ne.Scalar(value, 0), full(True), full(False))
-    return torch.ops.aten.mul.Tensor(full(1), value)
+    bool, `v`'s truth (the product is float64).  `v` only meets a tensor of the device, as a
+    0-dim operand (a CPU scalar on a CUDA device, as Adam's lifted floats)."""
+    ones = torch.ops.aten.full.default(size, 1, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
+    out = torch.ops.aten.mul.Tensor(ones, value)
+    return torch.ops.aten.ne.Scalar(out, 0) if dtype is torch.bool else out
 
 
 @functools.lru_cache(maxsize=None)
