@@ -20,20 +20,23 @@ import torch
 import ltc_async as ltc
 from ltc_async.executor import arena
 
+
+def build_inline(job, future):
+    """A stand-in for the tier-up thread's `worker.submit`: the build runs at once, on the
+    execution that made the graph hot, so the next steps of a short test run on Inductor (in a
+    program, builds run in the background and nothing waits for them)."""
+    try:
+        future.set_result(job())
+    except BaseException as e:  # noqa: BLE001 - handed to the future, as the worker does
+        future.set_exception(e)
+    return future
+
+
 if os.environ.get("LTC_ASYNC_TEST_TIER_UP_INLINE") == "1":
     # `make test` runs the model tests again with tiering on (LTC_ASYNC_TIERS=ts,inductor, a
-    # low LTC_ASYNC_TIER_UP_AFTER) and this: a hot graph's top tier is built inline by the
-    # execution that makes it hot, so the next steps of a short test already run on Inductor
-    # (in a program, builds run in the background and nothing waits for them).
+    # low LTC_ASYNC_TIER_UP_AFTER) and this
     from ltc_async.executor import tiers as _tiers
-
-    def _inline(job, future):
-        try:
-            future.set_result(job())
-        except BaseException as e:  # noqa: BLE001 - handed to the future, as the worker does
-            future.set_exception(e)
-        return future
-    _tiers.worker.submit = _inline
+    _tiers.worker.submit = build_inline
 
 
 # On CUDA-backed devices (LTC_ASYNC_DEVICES=cuda:0,... on a GPU machine) an index out of range

@@ -24,6 +24,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import build_inline
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
 
@@ -147,17 +148,10 @@ def top_tier(monkeypatch):
     from ltc_async.executor import tiers
     if inductor.available("cpu") is not None:
         pytest.skip(f"Inductor cannot build CPU kernels here: {inductor.available('cpu')}")
-
-    def inline(job, future):
-        try:
-            future.set_result(job())
-        except BaseException as e:  # noqa: BLE001 - handed to the future, as the worker does
-            future.set_exception(e)
-        return future
     monkeypatch.setattr(config, "tiers", ("ts", "inductor"))
     monkeypatch.setattr(config, "tier_up_after", 2)
     monkeypatch.setattr(config, "tier_trial", 0)
-    monkeypatch.setattr(tiers.worker, "submit", inline)
+    monkeypatch.setattr(tiers.worker, "submit", build_inline)
 
 
 def check_program_on_the_top_tier(program: P.Program) -> None:
