@@ -34,7 +34,7 @@ def build_inline(job, future):
 
 if os.environ.get("LTC_ASYNC_TEST_TIER_UP_INLINE") == "1":
     # `make test` runs the model tests again with tiering on (LTC_ASYNC_TIERS=ts,inductor, a
-    # low LTC_ASYNC_TIER_UP_AFTER) and this
+    # low LTC_ASYNC_TIER_UP_AFTER) and builds made inline
     from ltc_async.executor import tiers as _tiers
     _tiers.worker.submit = build_inline
 

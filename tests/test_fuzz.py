@@ -155,6 +155,7 @@ def top_tier(monkeypatch):
 
 
 def check_program_on_the_top_tier(program: P.Program) -> None:
+    ltc.metrics.reset()
     for _ in range(3):
         _outcome(program, DEV, False)
     runs, failed = (ltc.metrics.counter_value(c) or 0 for c in ("TierUpRun", "TierUpFailed"))
@@ -167,7 +168,6 @@ def check_program_on_the_top_tier(program: P.Program) -> None:
 @TIERED
 @given(P.programs())
 def test_random_programs_match_eager_on_the_top_tier(top_tier, program):
-    ltc.metrics.reset()
     check_program_on_the_top_tier(program)
 
 
@@ -175,7 +175,6 @@ def test_random_programs_match_eager_on_the_top_tier(top_tier, program):
 @TIERED
 @given(P.programs(autograd=True))
 def test_random_autograd_programs_match_eager_on_the_top_tier(top_tier, program):
-    ltc.metrics.reset()
     check_program_on_the_top_tier(program)
 
 

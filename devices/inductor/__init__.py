@@ -120,7 +120,8 @@ class InductorProgram(Computation):
         (`_scalars`: ~2 us a scalar less); those of the last execution again when the values
         are the same (a generate() token's scale factors, a constant learning rate: a tiny
         Llama's token, 45 -> 7 us).  The program only reads them.  Tuples compare floats with
-        `==`, which takes -0.0 for 0.0: values with a zero are made anew."""
+        `==`, which takes -0.0 for 0.0: values with a float zero are made anew (`0 not in
+        values` first: most have no zero at all, and that test is one C call)."""
         values = tuple([inputs[i] for i in self.lifted])
         last = self._last_floats
         if last is not None and last[0] == values and (0 not in values or _no_float_zero(values)):
@@ -277,10 +278,10 @@ class _LiftingInterpreter(Interpreter):
         scalars = [next(it) for _ in range(n_scalars)]
         if not isinstance(op, torch._ops.OpOverload) or not any(isinstance(v, _Lift) for v in scalars):
             return super()._run_step(step, env, iter(scalars))
+        plain = [v.value if isinstance(v, _Lift) else v for v in scalars]   # the values as numbers
         if op is _FULL:     # a lifted fill value (`_lifted_fill`)
             lift = next(v for v in scalars if isinstance(v, _Lift))
             lift.used = True
-            plain = [v.value if isinstance(v, _Lift) else v for v in scalars]
             pos_args, kw_args = self._split(op, [self._arg(e, [], plain) for e in template])
             return self.flatten(_full_of(pos_args[0], lift.tensor, **kw_args), out_spec)
         vals = [env[k][i] for k, i in operands]
@@ -301,7 +302,7 @@ class _LiftingInterpreter(Interpreter):
                 else:
                     args.append(lift.value)
             else:
-                args.append(self._arg(e, vals, [v.value if isinstance(v, _Lift) else v for v in scalars]))
+                args.append(self._arg(e, vals, plain))
         pos_args, kw_args = self._split(op, args)
         if op in _ADDC and isinstance(kw_args.get("value"), _Lift):
             x, a, b = pos_args
