@@ -5,7 +5,8 @@
 # test dependencies: download their wheels into .whl/ (ignored by git) first and carry .whl:
 #   .venv/bin/pip download -q --no-deps -d .whl trio outcome sniffio pytest-trio expecttest \
 #       pyro-ppl pyro-api sortedcontainers
-#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; BENCH_S, GEN_S, SUITE_S)
+#   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; BENCH_S, GEN_S, SUITE_S,
+#                                                     BENCH_ENGINES: the tiered run right after eager's)
 #   bash benchmarks/gpu_check.sh --rerun FILE [DIR [CPUFILE]]   (FILE's tests again; DIR's checks)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -48,7 +49,7 @@ PY
 # greedy generate() (eager CUDA and ltc:0 = cuda:0 in one process: inference only)
 el "bench"
 BENCH_EAGER_DEVICE=cuda timeout -s INT ${BENCH_S:-170} python3 -m benchmarks.bench_tiers --only gpt2 \
-   --engines eager,inductor,ltc,ltc-tiered --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
+   --engines ${BENCH_ENGINES:-eager,ltc-tiered,inductor,ltc} --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
 tail -14 $OUT/bench.txt
 el "generate"
 # (TorchScript only: generate()'s per-length graphs stay on their generic program anyway, and

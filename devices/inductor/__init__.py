@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import traceback
 from typing import Any, Sequence
 
 import torch
@@ -421,15 +422,56 @@ def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None
     if device.type == "cpu" and threads:
         patch["cpp.threads"] = threads
     try:
-        return compile_once(patch), f"# Inductor program, {kind}C++ wrapper\n"
+        fn, passes = _without_failing_passes(compile_once, patch)
+        return fn, f"# Inductor program, {kind}C++ wrapper{passes}\n"
     except Exception as e:  # noqa: BLE001 - built again with the Python wrapper
         # the C++ wrapper cannot call some fallback kernels (`_fused_adam`: "fallback
         # kernels with runtime lookup currently only support tensor returns"); the Python
         # wrapper can: the program then takes the GIL between kernels (the tier trial
         # keeps it only if it is faster)
         patch["cpp_wrapper"] = False
-        return compile_once(patch), (f"# Inductor program, {kind}Python wrapper (the C++ wrapper's build failed: "
-                                     f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})\n")
+        fn, passes = _without_failing_passes(compile_once, patch)
+        return fn, (f"# Inductor program, {kind}Python wrapper{passes} (the C++ wrapper's build failed: "
+                    f"{_first_line(e)})\n")
+
+
+# Inductor's loop reordering after fusion, a pass whose own failures a build can do without.
+# PyTorch 2.11's asserts on a fused node that holds a template or an extern kernel
+# (`assert isinstance(snode, SchedulerNode)` in `reorder_loops_by_dep_pair`, an empty
+# message): GPT-2's whole training step on an H200 failed so, with both wrappers, and stayed
+# on the quick tier.  Later versions skip such nodes.  The pass only chooses a faster loop
+# order for fused kernels: a build it fails is made again without it.
+_LOOP_REORDERING_FRAMES = frozenset({"shared_data_after_reordering_loop", "reorder_loops_by_dep_pair"})
+_LOOP_REORDERING_OPTIONS = ("loop_ordering_after_fusion", "loop_reindexing_after_fusion")
+
+
+def _without_failing_passes(compile_once: Any, patch: dict) -> tuple[Any, str]:
+    """`compile_once(patch)`, else, where it failed inside loop reordering, again with that pass
+    off; the program and what its text adds (", without loop reordering ..." or "")."""
+    try:
+        return compile_once(patch), ""
+    except Exception as e:  # noqa: BLE001 - re-raised unless loop reordering failed
+        if not _failed_in(e, _LOOP_REORDERING_FRAMES):
+            raise
+        from torch._inductor import config as inductor_config
+        off = {k: False for k in _LOOP_REORDERING_OPTIONS if hasattr(inductor_config, k)}
+        return compile_once({**patch, **off}), f", without loop reordering (the pass failed: {_first_line(e)})"
+
+
+def _failed_in(e: BaseException, functions: frozenset) -> bool:
+    """Whether `e`, or an exception it was raised from, passed through a function named in
+    `functions` (Inductor wraps its passes' errors: `InductorError`)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(f.name in functions for f in traceback.extract_tb(e.__traceback__)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e).strip() else ''}"
 
 
 def build(interp: Interpreter, device: torch.device, inputs: Sequence[Any],

@@ -60,6 +60,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import warnings
 from typing import Any, Sequence
 
@@ -312,8 +313,17 @@ class Tiered(Computation):
         self._interp = None
         counters.counter("TierUpFailed")
         warnings.warn(f"ltc_async: the {self._tier} tier could not take the graph scheduled at "
-                      f"{self._label} ({type(e).__name__}: {str(e)[:300]}); it stays on the quick "
-                      "tier", RuntimeWarning, stacklevel=1)
+                      f"{self._label} ({type(e).__name__}: {str(e)[:300]}{_raised_at(e)}); it stays on "
+                      "the quick tier", RuntimeWarning, stacklevel=1)
+
+
+def _raised_at(e: BaseException) -> str:
+    """Where `e` was raised (its innermost frame): a compiler's bare `assert` has no message."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f", raised in {f.name} at {os.path.basename(os.path.dirname(f.filename))}/{os.path.basename(f.filename)}:{f.lineno}"
 
 
 # While a build runs, Python switches threads every 0.05 ms instead of every 5 ms.  The build is
