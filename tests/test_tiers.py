@@ -613,14 +613,17 @@ def test_a_build_that_fails_in_inductors_loop_reordering_is_built_without_it(mon
             reorder_loops_by_dep_pair()
         return original(self, node1, node2)
     monkeypatch.setattr(scheduler.Scheduler, "shared_data_after_reordering_loop", shared_data_after_reordering_loop)
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)   # earlier tests built this graph
     g = torch.Generator().manual_seed(3)    # a graph of its own: no other test's program serves it
     x, y = torch.randn(40, 32, generator=g), torch.randint(0, 10, (40,), generator=g)
     model = _mlp(56)
     want = _train(model, "cpu", 12, x, y)
     before = {id(c) for c in _programs()}
     ltc.metrics.reset()
-    got = _train(model, DEV, 12, x, y, after_step=lambda i: i == 5 and ltc.debug.wait_compiles(600))
+    # (a config module's attribute is patched with its own `patch`: pytest's monkeypatch,
+    # undoing, deletes it)
+    with inductor_config.patch(fx_graph_cache=False):     # no cached build of an earlier run
+        got = _train(model, DEV, 12, x, y, after_step=lambda i: i == 5 and ltc.debug.wait_compiles(600))
+        ltc.debug.wait_compiles(600)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     c = _counts()
     assert failed and c["TierUpCompile"] >= 1 and c["TierUpFailed"] == 0 and c["TierUpRun"] >= 5
