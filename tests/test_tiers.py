@@ -593,12 +593,9 @@ def test_a_failing_build_leaves_the_graph_on_the_quick_tier(monkeypatch):
     assert _counts() == {"TierUpCompile": 0, "TierUpFailed": 1, "TierUpRun": 0}
 
 
-def test_a_build_that_fails_in_inductors_loop_reordering_is_built_without_it(monkeypatch):
-    """PyTorch 2.11's loop reordering after fusion asserts, with no message, on a fused node
-    holding a template or an extern kernel (`reorder_loops_by_dep_pair`): on an H200, GPT-2's
-    whole training step failed so with both wrappers and stayed on the quick tier.  That
-    failure, injected where the pass runs here: the graph is built again without the pass,
-    its steps run on the top tier with eager's values, and its text says what was left out."""
+def _failing_loop_reordering(monkeypatch) -> list:
+    """PyTorch 2.11's failure in Inductor's loop reordering, injected where the pass runs on
+    CPU kernels too: one entry in the returned list per failed build."""
     from torch._inductor import config as inductor_config
     from torch._inductor import scheduler
     original = scheduler.Scheduler.shared_data_after_reordering_loop
@@ -613,6 +610,17 @@ def test_a_build_that_fails_in_inductors_loop_reordering_is_built_without_it(mon
             reorder_loops_by_dep_pair()
         return original(self, node1, node2)
     monkeypatch.setattr(scheduler.Scheduler, "shared_data_after_reordering_loop", shared_data_after_reordering_loop)
+    return failed
+
+
+def test_a_build_that_fails_in_inductors_loop_reordering_is_built_without_it(monkeypatch):
+    """PyTorch 2.11's loop reordering after fusion asserts, with no message, on a fused node
+    holding a template or an extern kernel (`reorder_loops_by_dep_pair`): on an H200, GPT-2's
+    whole training step failed so with both wrappers and stayed on the quick tier.  That
+    failure, injected where the pass runs here: the graph is built again without the pass,
+    its steps run on the top tier with eager's values, and its text says what was left out."""
+    from torch._inductor import config as inductor_config
+    failed = _failing_loop_reordering(monkeypatch)
     g = torch.Generator().manual_seed(3)    # a graph of its own: no other test's program serves it
     x, y = torch.randn(40, 32, generator=g), torch.randint(0, 10, (40,), generator=g)
     model = _mlp(56)
@@ -630,6 +638,44 @@ def test_a_build_that_fails_in_inductors_loop_reordering_is_built_without_it(mon
     heads = [top.backend_text.splitlines()[0] for top in _new_tops(before)]
     assert heads and all("C++ wrapper, without loop reordering (the pass failed: InductorError: AssertionError" in h
                          for h in heads), heads
+
+
+def test_a_build_that_needs_the_python_wrapper_keeps_loop_reordering_off(monkeypatch):
+    """Fused AdamW's step needs the Python wrapper on CPU (the C++ one cannot call
+    `_fused_adamw`).  With loop reordering failing too, the pass is turned off once, at the
+    first try, and the Python wrapper's build goes without it from the start: one failure
+    per graph built, not one per wrapper."""
+    from torch._inductor import config as inductor_config
+    failed = _failing_loop_reordering(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(), torch.nn.Linear(24, 3))
+    x = torch.randn(6, 12, generator=torch.Generator().manual_seed(5))
+
+    def train(dev):
+        m = copy.deepcopy(model).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+        for i in range(12):
+            opt.zero_grad()
+            m(x.to(dev)).pow(2).mean().backward()
+            opt.step()
+            if dev != "cpu":
+                ltc.mark_step()
+                if i == 5:
+                    assert ltc.debug.wait_compiles(600)
+        return [p.detach().cpu() for p in m.parameters()]
+    want = train("cpu")
+    before = {id(c) for c in _programs()}
+    ltc.metrics.reset()
+    with inductor_config.patch(fx_graph_cache=False):
+        got = train(DEV)
+        ltc.debug.wait_compiles(600)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    c = _counts()
+    assert c["TierUpCompile"] >= 1 and c["TierUpFailed"] == 0 and c["TierUpRun"] >= 5
+    heads = [top.backend_text.splitlines()[0] for top in _new_tops(before)]
+    fused = [h for h in heads if "Python wrapper" in h]
+    assert fused and all("Python wrapper, without loop reordering (the pass failed" in h for h in fused), heads
+    assert len(failed) == c["TierUpCompile"], (len(failed), c)
 
 
 def test_a_build_that_meets_another_threads_import_is_built_again(monkeypatch):

@@ -418,12 +418,26 @@ class _Traced:
 def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None, kind: str) -> tuple[Any, str]:
     """`compile_once(inductor config patch)` with Inductor's C++ wrapper, else (a build that
     failed) with its Python wrapper; the program and the first line of its text, which says
-    which wrapper it got (module note, 3.)."""
+    which wrapper it got (module note, 3.).  A build that fails inside loop reordering is made
+    again without that pass, and so is every later try (`_LOOP_REORDERING_FRAMES`)."""
     patch = {"compile_threads": 1, "cpp_wrapper": True}   # without the GIL (module note, 3.)
     if device.type == "cpu" and threads:
         patch["cpp.threads"] = threads
+    passes = ""   # what the text adds once a pass is off
+
+    def built() -> Any:
+        nonlocal passes
+        try:
+            return compile_once(patch)
+        except Exception as e:  # noqa: BLE001 - re-raised unless loop reordering failed
+            if passes or not _failed_in(e, _LOOP_REORDERING_FRAMES):
+                raise
+            from torch._inductor import config as inductor_config
+            patch.update({k: False for k in _LOOP_REORDERING_OPTIONS if hasattr(inductor_config, k)})
+            passes = f", without loop reordering (the pass failed: {_first_line(e)})"
+            return compile_once(patch)
     try:
-        fn, passes = _without_failing_passes(compile_once, patch)
+        fn = built()
         return fn, f"# Inductor program, {kind}C++ wrapper{passes}\n"
     except Exception as e:  # noqa: BLE001 - built again with the Python wrapper
         # the C++ wrapper cannot call some fallback kernels (`_fused_adam`: "fallback
@@ -431,7 +445,7 @@ def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None
         # wrapper can: the program then takes the GIL between kernels (the tier trial
         # keeps it only if it is faster)
         patch["cpp_wrapper"] = False
-        fn, passes = _without_failing_passes(compile_once, patch)
+        fn = built()
         return fn, (f"# Inductor program, {kind}Python wrapper{passes} (the C++ wrapper's build failed: "
                     f"{_first_line(e)})\n")
 
@@ -444,19 +458,6 @@ def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None
 # order for fused kernels: a build it fails is made again without it.
 _LOOP_REORDERING_FRAMES = frozenset({"shared_data_after_reordering_loop", "reorder_loops_by_dep_pair"})
 _LOOP_REORDERING_OPTIONS = ("loop_ordering_after_fusion", "loop_reindexing_after_fusion")
-
-
-def _without_failing_passes(compile_once: Any, patch: dict) -> tuple[Any, str]:
-    """`compile_once(patch)`, else, where it failed inside loop reordering, again with that pass
-    off; the program and what its text adds (", without loop reordering ..." or "")."""
-    try:
-        return compile_once(patch), ""
-    except Exception as e:  # noqa: BLE001 - re-raised unless loop reordering failed
-        if not _failed_in(e, _LOOP_REORDERING_FRAMES):
-            raise
-        from torch._inductor import config as inductor_config
-        off = {k: False for k in _LOOP_REORDERING_OPTIONS if hasattr(inductor_config, k)}
-        return compile_once({**patch, **off}), f", without loop reordering (the pass failed: {_first_line(e)})"
 
 
 def _failed_in(e: BaseException, functions: frozenset) -> bool:
