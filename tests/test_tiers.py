@@ -476,6 +476,33 @@ def _on_both(step, state, steps=12):
     return out["cpu"], out[DEV]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_round_trip_through_a_lower_precision_rounds_on_the_top_tier_as_in_eager(dtype):
+    """Fake quantization as users write it: activations rounded to a lower precision and used
+    on in float32 (`h.to(dtype).float()`).  Inside a fused kernel Inductor drops such a pair of
+    casts unless told to emulate eager's: on the top tier the values came out unrounded (0.018
+    off eager's with bf16; the top-tier fuzz test found it in `x.half().float()`)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 32)
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(16, 32, generator=g) * 3 for _ in range(2)]
+
+    def step(m, x):
+        h = m(x)
+        return (h.to(dtype).float() * 0.5 + h).relu().sum(-1)
+    with torch.no_grad():
+        want = [step(lin, x) for x in xs]
+        m = copy.deepcopy(lin).to(DEV)
+        lazy = [x.to(DEV) for x in xs]
+        ltc.metrics.reset()
+        for i in range(10):
+            got = [step(m, x).cpu() for x in lazy]
+            if i == 4:
+                assert ltc.debug.wait_compiles(600)
+    assert _counts()["TierUpRun"] >= 8          # the last steps ran on the top tier
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_an_ema_of_matrix_products_keeps_eager_values_on_the_top_tier():
     """A VQ-VAE's EMA codebook update, `embed_avg.mul_(d).add_(onehot.t() @ z, alpha=1 - d)`:
     Inductor (torch 2.13) fuses `add(c, mm, alpha)` into an addmm that drops alpha (plain

@@ -423,6 +423,12 @@ def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None
     patch = {"compile_threads": 1, "cpp_wrapper": True}   # without the GIL (module note, 3.)
     if device.type == "cpu" and threads:
         patch["cpp.threads"] = threads
+    from torch._inductor import config as inductor_config
+    if hasattr(inductor_config, "emulate_precision_casts"):
+        # a cast to a lower precision and back rounds, as in eager: fused, Inductor would
+        # otherwise drop the pair (`x.to(bfloat16).float()`, a fake-quantization or a bf16
+        # output read as float32, came out unrounded: 0.018 off eager)
+        patch["emulate_precision_casts"] = True
     passes = ""   # what the text adds once a pass is off
 
     def built() -> Any:
@@ -432,7 +438,6 @@ def _with_a_wrapper(compile_once: Any, device: torch.device, threads: int | None
         except Exception as e:  # noqa: BLE001 - re-raised unless loop reordering failed
             if passes or not _failed_in(e, _LOOP_REORDERING_FRAMES):
                 raise
-            from torch._inductor import config as inductor_config
             patch.update({k: False for k in _LOOP_REORDERING_OPTIONS if hasattr(inductor_config, k)})
             passes = f", without loop reordering (the pass failed: {_first_line(e)})"
             return compile_once(patch)
