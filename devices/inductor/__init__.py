@@ -31,7 +31,8 @@ How a graph becomes an Inductor program:
    whole program -- kernels, allocations, the calls between them -- is one C++ function that
    runs without the GIL, as a TorchScript graph does (the program's text in `ltc.debug` says
    which wrapper it got: a graph the C++ wrapper cannot build gets the Python one; a build
-   that fails inside Inductor's loop reordering is made again without that pass).  The default Python wrapper calls each
+   that fails inside Inductor's loop reordering is made again without that pass).  Casts to
+   a lower precision and back keep eager's rounding (`emulate_precision_casts`).  The default Python wrapper calls each
    kernel from Python, taking the GIL back between kernels: a device worker running it
    contended with the tracing thread for the GIL at every kernel (measured: the overlapped
    steps of the compile path were ~12% slower than with the C++ wrapper), and its kernels,
