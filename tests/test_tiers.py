@@ -96,6 +96,24 @@ def _train(model, dev, steps, x, y, after_step=None):
     return [float(v) for v in losses], [p.detach().cpu() for p in m.parameters()]
 
 
+def _train_adamw(model, x, dev, **options):
+    """12 AdamW steps (`options`: foreach, fused) of a copy of `model` on `dev`, minimizing the
+    mean square of its output on `x`; on ltc the builds of the hot graphs are waited for after
+    the 6th step.  The parameters at the end, on the host."""
+    m = copy.deepcopy(model).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, **options)
+    xs = x.to(dev)
+    for i in range(12):
+        opt.zero_grad()
+        m(xs).pow(2).mean().backward()
+        opt.step()
+        if dev != "cpu":
+            ltc.mark_step()
+            if i == 5:
+                assert ltc.debug.wait_compiles(600)
+    return [p.detach().cpu() for p in m.parameters()]
+
+
 def test_a_training_loop_moves_to_inductor_and_keeps_eager_values():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
@@ -422,24 +440,11 @@ def test_adamw_training_moves_to_inductor_although_its_scalars_change(options):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(7))
 
-    def train(dev):
-        m = copy.deepcopy(model).to(dev)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, **options)
-        xs = x.to(dev)
-        for i in range(12):
-            opt.zero_grad()
-            m(xs).pow(2).mean().backward()
-            opt.step()
-            if dev != "cpu":
-                ltc.mark_step()
-                if i == 5:
-                    assert ltc.debug.wait_compiles(600)
-        return [p.detach().cpu() for p in m.parameters()]
-    want = train("cpu")
+    want = _train_adamw(model, x, "cpu", **options)
     earlier = _programs()   # earlier tests' programs (kept alive: ids stay theirs)
     before = {id(c) for c in earlier}
     ltc.metrics.reset()
-    got = train(DEV)
+    got = _train_adamw(model, x, DEV, **options)
     # on a CUDA backing, against eager CPU (eager CUDA's backward cannot run beside ltc_async):
     # Adam divides by the gradients' running size, so CUDA's last-bit differences in the
     # gradients grow to ~1e-4 over the steps (H200: 1.5e-4 in 10 of 512, equally in all three
@@ -678,23 +683,11 @@ def test_a_build_that_needs_the_python_wrapper_keeps_loop_reordering_off(monkeyp
     model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(), torch.nn.Linear(24, 3))
     x = torch.randn(6, 12, generator=torch.Generator().manual_seed(5))
 
-    def train(dev):
-        m = copy.deepcopy(model).to(dev)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
-        for i in range(12):
-            opt.zero_grad()
-            m(x.to(dev)).pow(2).mean().backward()
-            opt.step()
-            if dev != "cpu":
-                ltc.mark_step()
-                if i == 5:
-                    assert ltc.debug.wait_compiles(600)
-        return [p.detach().cpu() for p in m.parameters()]
-    want = train("cpu")
+    want = _train_adamw(model, x, "cpu", fused=True)
     before = {id(c) for c in _programs()}
     ltc.metrics.reset()
     with inductor_config.patch(fx_graph_cache=False):
-        got = train(DEV)
+        got = _train_adamw(model, x, DEV, fused=True)
         ltc.debug.wait_compiles(600)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     c = _counts()
