@@ -158,6 +158,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (eager and the ltc worker)")
+    p.add_argument("--cold-only", action="store_true",
+                   help="one process per engine, with empty caches (its figures fill both columns): "
+                        "half the time, for a lent GPU's short loan")
     args = p.parse_args()
     if args.child:
         import torch
@@ -170,7 +173,7 @@ def main() -> int:
         for engine in args.engines.split(","):
             with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache:
                 cold = run_child(engine, case, cache, args)
-                warm = run_child(engine, case, cache, args)
+                warm = cold if args.cold_only else run_child(engine, case, cache, args)
             res[engine] = (cold, warm)
             print(f"[{case}] {engine}: cold {cold} warm {warm}", file=sys.stderr, flush=True)
         ref_e = res.get("eager", ({}, {}))[1]

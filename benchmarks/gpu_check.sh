@@ -7,7 +7,9 @@
 #       pyro-ppl pyro-api sortedcontainers
 #   bash benchmarks/gpu_check.sh                     (the whole check, ~9 min; BENCH_S, GEN_S, SUITE_S,
 #                                                     BENCH_ENGINES: the tiered run right after eager's;
-#                                                     TIER_K: which tier tests run beside the suite)
+#                                                     TIER_K: which tier tests run beside the suite;
+#                                                     GEN_S=0 / SUITE=0 leave out generate / the suite;
+#                                                     BENCH_ARGS=--cold-only: one process per engine)
 #   bash benchmarks/gpu_check.sh --rerun FILE [DIR [CPUFILE]]   (FILE's tests again; DIR's checks)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -50,14 +52,16 @@ PY
 # greedy generate() (eager CUDA and ltc:0 = cuda:0 in one process: inference only)
 el "bench"
 BENCH_EAGER_DEVICE=cuda timeout -s INT ${BENCH_S:-170} python3 -m benchmarks.bench_tiers --only gpt2 \
-   --engines ${BENCH_ENGINES:-eager,ltc-tiered,inductor,ltc} --steps 20 --rounds 2 --warmup 10 > $OUT/bench.txt 2>&1
+   --engines ${BENCH_ENGINES:-eager,ltc-tiered,inductor,ltc} --steps 20 --rounds 2 --warmup 10 $BENCH_ARGS > $OUT/bench.txt 2>&1
 tail -14 $OUT/bench.txt
+if [ "${GEN_S:-70}" != 0 ]; then
 el "generate"
 # (TorchScript only: generate()'s per-length graphs stay on their generic program anyway, and
 # settling its tiers would wait for Triton builds; 45 s gave only the cold calls on loan 4)
 LTC_ASYNC_TIERS=ts BENCH_EAGER_DEVICE=cuda timeout -s INT ${GEN_S:-70} python3 -m benchmarks.bench_generate \
    --rounds 3 --new 32 --no-compile > $OUT/generate.txt 2>&1
 tail -8 $OUT/generate.txt
+fi
 # then the suite on cuda:0,cuda:0 (tiering's own tests in a run of their own, so they are
 # reached), with the example and ltc:0 = cuda:0 against eager CUDA (training, separate
 # processes) beside it: one process each, on a 16-core machine
@@ -71,10 +75,10 @@ LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-235} python3 -m pytest
    -k "${TIER_K-adamw or busy_python or loop_reordering or failing_build or training_loop_moves}" > $OUT/tiers.txt 2>&1 &
 # tests marked kernel_assert skip on CUDA (a device-side assert ends the CUDA context); a test
 # that ends it anyway ends its worker, which xdist replaces (tests/conftest.py)
-LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-235} python3 -m pytest -q -n 11 --max-worker-restart 200 \
+[ "${SUITE:-1}" = 1 ] && LTC_ASYNC_DEVICES=cuda:0,cuda:0 timeout -s INT ${SUITE_S:-235} python3 -m pytest -q -n 11 --max-worker-restart 200 \
    -p no:cacheprovider --timeout 200 --tb=short -rfE --junitxml=$OUT/junit.xml --ignore=tests/test_tiers.py \
    tests > $OUT/pytest.txt 2>&1
-tail -8 $OUT/pytest.txt
+tail -8 $OUT/pytest.txt 2>/dev/null
 wait
 tail -12 $OUT/tiers.txt; cat $OUT/example.txt; cat $OUT/cuda_vs_eager.txt | tail -30
 el done
