@@ -45,7 +45,9 @@ A skeleton's shape-generic program (one per set of graphs differing only in size
 assumptions about them checked before each run (see "shape-generic graphs" below).
 
 Graphs drawing random numbers are not built (their seeds are runtime inputs that `make_fx`
-cannot take; Inductor would also draw other numbers): they stay on the quick tier.
+cannot take; Inductor would also draw other numbers): they stay on the quick tier.  So do,
+before PyTorch 2.13, graphs that read a value rounded to float16/bfloat16 at a higher
+precision: Inductor then drops the rounding (`DROPS_ROUNDING`).
 Inductor's own on-disk caches (`TORCHINDUCTOR_CACHE_DIR`, FX graph cache) make a second process
 build the same graphs quickly.
 
@@ -61,6 +63,7 @@ import traceback
 from typing import Any, Sequence
 
 import torch
+from torch.torch_version import TorchVersion
 
 from ltc_async.backend import Computation
 from ltc_async.ir.interpreter import Interpreter
@@ -90,15 +93,39 @@ def available(device_type: str) -> str | None:
 
 def eligible(order: list[Node]) -> str | None:
     """None when the graph can be built by this tier, else why not (stays on the quick tier)."""
+    rounded: set[tuple[int, int]] = set()   # (id(node), output) of casts to float16/bfloat16
     for n in order:
         if n.op is DEVICE_DATA:
             continue
         if any(type(e) is tuple and e and type(e[0]) is Tag and e[0] is RNG for e in n.template):
             return "draws random numbers"
         sub = getattr(n.op, "ops", None)        # a captured torch.compile body
-        if sub is not None and eligible(sub) is not None:
-            return "draws random numbers"
+        if sub is not None:
+            why = eligible(sub)
+            if why is not None:
+                return why
+        if DROPS_ROUNDING:
+            ins = [src.outputs[k].dtype for src, k in n.operands]
+            if any((id(src), k) in rounded for src, k in n.operands) and \
+                    any(m.dtype.is_floating_point and m.dtype.itemsize > 2 for m in n.outputs):
+                return (f"reads a value rounded to a lower precision at a higher one "
+                        f"({getattr(n.op, '__name__', n.op)}): Inductor before PyTorch 2.13 drops "
+                        f"such a rounding (torch {torch.__version__})")
+            rounded.update((id(n), k) for k, m in enumerate(n.outputs)
+                           if m.dtype in _LOW_PRECISION and any(d.is_floating_point and d.itemsize > m.dtype.itemsize
+                                                                for d in ins))
     return None
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+# Inductor before PyTorch 2.13 drops the rounding of a cast to float16/bfloat16 whose value is
+# read back at a higher precision (`x.to(bfloat16).float()`, a fake-quantization; a bf16 value
+# an op promotes to float32): its joint-graph pass `pointless_convert` makes any cast of a
+# cast one cast, and its C++ kernels reuse the value from before the cast (a CSE shortcut
+# that `emulate_precision_casts` turns off only from 2.13).  Measured with torch 2.11: 0.017
+# off eager on an H200 and on CPU.  Such graphs stay on the quick tier there (`eligible`).
+DROPS_ROUNDING = TorchVersion(torch.__version__) < (2, 13)
 
 
 class InductorProgram(Computation):
@@ -624,6 +651,14 @@ class DynamicProgram(InductorProgram):
         return list(self.fn(self._args(inputs))[:self.n_outputs])
 
 
+def _cpp_wrapper_config() -> dict:
+    """The settings `compile_fx` gives a build with the C++ wrapper (`get_cpp_wrapper_config`:
+    Triton kernels tuned at build time, their binaries kept), where this PyTorch has them."""
+    from torch._inductor import compile_fx
+    get = getattr(compile_fx, "get_cpp_wrapper_config", None)
+    return get() if get is not None else {}
+
+
 def _guard_function(code: str | None) -> Any:
     """The `ShapeEnv`'s guard expression (over `L['t<k>']`, the k-th argument) as a function of
     the argument list, compiled once."""
@@ -685,9 +720,13 @@ def build_generic(interp: Interpreter, device: torch.device, inputs: Sequence[An
         def compile_once(patch: dict) -> Any:
             # `compile_fx_inner` takes the wrapper from its argument, not from the config that
             # `torch._inductor.compile` reads (passed the config alone, every shape-generic
-            # program got the Python wrapper, and its text said "C++ wrapper")
+            # program got the Python wrapper, and its text said "C++ wrapper"); and the C++
+            # wrapper's own settings, which `compile_fx` adds before it calls `compile_fx_inner`
+            # (without them, on an H200 with torch 2.11, each CUDA build of the C++ wrapper
+            # failed, "CudaKernelParamCache not populated": its kernels were not tuned at build)
             with tracing(TracingContext(fake_mode)), V.set_fake_mode(fake_mode), inductor_config.patch(patch):
-                return compile_fx_inner(gm, placeholders, cpp_wrapper=patch["cpp_wrapper"])
+                with inductor_config.patch(_cpp_wrapper_config() if patch["cpp_wrapper"] else {}):
+                    return compile_fx_inner(gm, placeholders, cpp_wrapper=patch["cpp_wrapper"])
         fn, wrapper = _with_a_wrapper(compile_once, device, threads, "shape-generic, ")
     baked = tuple((i, type(inputs[i]), inputs[i]) for i in graph.scalar_slots
                   if i not in used and i not in int_slots)
