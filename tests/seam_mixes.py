@@ -21,8 +21,8 @@ What eager CUDA does with a mix is decided without a GPU from PyTorch's own desc
    such an op means eager CUDA refuses;
 2. otherwise PyTorch's FakeTensor model, which torch.compile uses to reproduce eager on CUDA:
    the same call on FakeTensors on a fake "cuda" device;
-3. `_FAKE_DISAGREES`: ops where that model accepts what the CUDA kernel refuses, each with the
-   check that refuses it.
+3. `_FAKE_DISAGREES` (`_FAKE_DISAGREES_MIX`: for one mix): ops where that model accepts what
+   the CUDA kernel refuses, each with the check that refuses it.
 
 Where eager CUDA accepts, ltc must give the values eager gives on CPU tensors (the same call,
 every tensor on the CPU); where it refuses, ltc must raise a RuntimeError and leave the CPU
@@ -140,6 +140,10 @@ _FAKE_DISAGREES.update({"select_scatter": True,
                         # LossCTC.cpp: "if the targets are on CPU (which you need for CuDNN, let's
                         # move them to GPU as a service for the user)"
                         "nn.functional.ctc_loss": True})
+# ... and one mix of ops that PyTorch 2.11's FakeTensor accepts: a CPU `self` written from CUDA
+# operands (2.13's refuses it, as the CUDA kernel's generated wrapper does: "Expected all
+# tensors to be on the same device")
+_FAKE_DISAGREES_MIX = {("index_add", "cpu_self"): False, ("index_copy", "cpu_self"): False}
 _CHECKED: set[str] | None = None
 
 
@@ -204,6 +208,8 @@ def eager_cuda_accepts(op: Any, sample: Any, mix: str) -> bool | None:
     full = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
     if full in _FAKE_DISAGREES or op.name in _FAKE_DISAGREES:
         return _FAKE_DISAGREES.get(full, _FAKE_DISAGREES.get(op.name))
+    if (op.name, mix) in _FAKE_DISAGREES_MIX:
+        return _FAKE_DISAGREES_MIX[op.name, mix]
     if mix != "cpu_self" and _reaches_checked_op(op, sample, mix):
         return False
     from torch._subclasses.fake_tensor import FakeTensorMode

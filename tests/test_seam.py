@@ -10,6 +10,7 @@ import io
 import pytest
 import torch
 import torch.nn as nn
+from torch.torch_version import TorchVersion
 
 import ltc_async as ltc
 
@@ -486,7 +487,10 @@ def test_device_generic_pytorch_utilities_work_with_ltc_as_the_accelerator():
     torch.ltc.current_stream().synchronize()
     assert torch.ltc.current_stream().query()
     torch.manual_seed(3)
-    with torch.random.fork_rng():
+    # `fork_rng` forks the current accelerator's generators by default from PyTorch 2.13
+    # (before, CUDA's unless told `device_type`)
+    fork = {} if TorchVersion(torch.__version__) >= (2, 13) else {"device_type": "ltc"}
+    with torch.random.fork_rng(**fork):
         inside = (torch.rand(3), torch.rand(3, device=D).cpu())
     assert torch.equal(torch.rand(3), inside[0]) and torch.equal(torch.rand(3, device=D).cpu(), inside[1])
     model = nn.Linear(4, 2)   # a CPU model's distributed checkpoint

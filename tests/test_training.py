@@ -120,7 +120,8 @@ def test_new_batch_size_reuses_the_compiled_program(metrics):
     """Beyond LTC: a graph that differs only in input shapes lowers to the same TorchScript
     program, which is shape-generic: the new batch size reuses it instead of compiling."""
     torch.manual_seed(4)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    # (sizes no other test uses: a program another test compiled would be reused, not compiled)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 19), torch.nn.ReLU(), torch.nn.Linear(19, 4))
     ref = copy.deepcopy(model)
     lazy = model.to("ltc:0")
     opt = torch.optim.SGD(lazy.parameters(), lr=0.1)

@@ -11,6 +11,10 @@ Registered here, once at import, for aten's `Meta` key (what a fake impl would s
   latent variables): elementwise, a contiguous result shaped and typed as their first input.
 * `linalg_pinv.atol_rtol_tensor` (every `torch.linalg.pinv` call ends there): `(..., n, m)`
   for an `(..., m, n)` input, its dtype.
+* `_standard_gamma` (Gamma, Beta and Dirichlet sampling) and `_transformer_encoder_layer_fwd`
+  (`nn.TransformerEncoderLayer`'s fast path in eval, which PyTorch takes for PrivateUse1
+  devices): PyTorch has their meta kernels from 2.13 (`torch.empty_like` of the first input);
+  before it, they took the eager fallback (seen with torch 2.11, a GPU machine's).
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ def _like_first(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _empty_like(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def _pinv(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if x.dim() < 2:
         raise RuntimeError("linalg.pinv(A): The input tensor A must have at least 2 dimensions.")
@@ -43,7 +51,8 @@ def register() -> None:
     lib = torch.library.Library("aten", "IMPL")
     for name, kernel in (("_ctc_loss_backward", _ctc_loss_backward), ("_sample_dirichlet", _like_first),
                          ("_dirichlet_grad", _like_first), ("_standard_gamma_grad", _like_first),
-                         ("linalg_pinv.atol_rtol_tensor", _pinv)):
+                         ("linalg_pinv.atol_rtol_tensor", _pinv), ("_standard_gamma", _empty_like),
+                         ("_transformer_encoder_layer_fwd", _empty_like)):
         base, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
         if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
