@@ -125,9 +125,13 @@ def child(args: argparse.Namespace) -> None:
     counters = ({k: ltc.metrics.counter_value(k) for k in ("TierUpCompile", "TierUpFailed", "TierUpRun", "TierUpSlower")}
                 if ltc else {})
     failures = [str(w.message)[:2000] for w in seen if "tier" in str(w.message).lower()]
+    # each decided trial: the top tier's shortest run and period over the quick tier's
+    trials = [[round(r, 3), round(p, 3)] for r, p in zip(*[
+        (ltc.metrics.metric_data(m) or (0, 0, []))[2] for m in ("TierTrialRun", "TierTrialPeriod")])] if ltc else []
     print(json.dumps({"first_step_s": first_s, "model_build_s": sum(model_build_s),
                       "first_loss": first, "tier_up_s": tier_up_s,
                       "ms_every_step": every_step, "ms_every_30": every_30, "counters": counters,
+                      "trials": trials,
                       "tier_up_failures": failures}))
 
 

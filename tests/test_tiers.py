@@ -854,6 +854,41 @@ def test_the_graph_keeps_the_faster_tier(monkeypatch, slower):
     else:
         assert slower_count == 0 and runs >= 9   # after the trial, every run on the top tier
     assert _counts()["TierUpCompile"] == 1 and _counts()["TierUpFailed"] == 0
+    # what decided it, in the metrics: the top tier's shortest run over the quick tier's
+    n, _, (ratio,) = ltc.metrics.metric_data("TierTrialRun")
+    assert n == 1 and (ratio > 2 if slower == "top" else ratio < 0.5), ratio
+    assert ltc.metrics.metric_data("TierTrialPeriod")[0] == 1
+
+
+def test_two_graphs_of_one_step_take_their_trials_in_turn(monkeypatch):
+    """A step of two graphs (a training loop that reads its loss every step: the forward, then
+    the backward with the update), both built: the trial's periods are whole steps, so the two
+    trials run one after the other.  At once and out of step, each timed the other's tiers:
+    here A's top tier (faster: its quick tier is slowed by 10 ms) ran beside B's slow quick
+    tier (40 ms) and lost on its period -- as GPT-2's forward and backward graphs did on an
+    H200 and here, where all or most builds were then dropped (`TierUpSlower`)."""
+    from conftest import build_inline
+
+    from ltc_async.executor import arena, tiers
+    backend = arena.backend()
+    monkeypatch.setattr(config, "tier_trial", 2)
+    monkeypatch.setattr(tiers.worker, "submit", build_inline)   # built at the third run
+    real = backend.compile
+
+    def compile_slowed(order, *args, **kwargs):
+        ops = " ".join(str(n.op) for n in order)
+        delay = 0.04 if "asinh" in ops else 0.01 if "atan" in ops else 0.0
+        return _Slowed(real(order, *args, **kwargs), delay)
+    monkeypatch.setattr(backend, "compile", compile_slowed)
+    x = torch.randn(16, 13, generator=torch.Generator().manual_seed(12))   # graphs of their own
+    lazy = x.to(DEV)
+    ltc.metrics.reset()
+    for step in range(24):
+        torch.testing.assert_close(torch.atan(lazy).exp().cpu(), torch.atan(x).exp())
+        if step >= 1:      # B starts a step later: its trial would be out of step with A's
+            torch.testing.assert_close(torch.asinh(lazy).exp().cpu(), torch.asinh(x).exp())
+    assert ltc.metrics.counter_value("TierUpSlower") == 0
+    assert _counts()["TierUpCompile"] == 2 and ltc.metrics.metric_data("TierTrialPeriod")[0] == 2
 
 
 @pytest.mark.kernel_assert

@@ -42,7 +42,10 @@ compiler thread (`SingleTier`: the Inductor-only conformance run).
 
 Counters `TierUpCompile` (builds finished), `TierUpFailed`, `TierUpRun` (executions on the top
 tier), `TierUpRetried` (a build that met another thread's import of the same modules, queued
-again at the graph's next execution); metric `TierUpTime` (build seconds).  At exit, queued builds are dropped and a running
+again at the graph's next execution), `TierUpSlower` (a top tier dropped by its trial); metrics
+`TierUpTime` (build seconds) and, one sample per trial decided, `TierTrialRun` /
+`TierTrialPeriod` (the top tier's shortest run / period over the quick tier's: why a trial
+went the way it did, on a machine where it cannot be profiled).  At exit, queued builds are dropped and a running
 one is cancelled (`_Cancelled`, raised between bytecodes: the interpreter never finalizes
 under a build, and exit waits only for the compiler subprocess or C++ call in progress).
 
@@ -50,7 +53,8 @@ Threads: `_state`, `_streak`, `_last`, `_trial` are touched only by the graph's 
 (a cache entry belongs to one device), except that the tier-up thread sets `_trial` once,
 before `_top`; `_top` is written once by the tier-up thread (cleared by the worker when the
 tier is dropped) and read by the worker (an attribute load).  `_builds` (futures of queued
-builds) is guarded by `_lock`.
+builds) is guarded by `_lock`.  `_trial_holders` (a device's running trial: one at a time)
+changes by single dict operations only.
 """
 from __future__ import annotations
 
@@ -218,6 +222,8 @@ class Tiered(Computation):
         top = self._top
         if top is not None and top.accepts(inputs):
             trial = self._trial
+            if trial is not None and not trial.holds():
+                return self.quick.execute(inputs)   # another graph of the device is in its trial
             if trial is not None:
                 trial.begin()      # the previous trial run's period ends here
                 self._settle(trial)
@@ -240,6 +246,11 @@ class Tiered(Computation):
     def _settle(self, trial: _Trial) -> None:
         """Before a trial execution: once both tiers are timed, keep the faster."""
         verdict = trial.verdict()
+        if verdict is not None:     # what decided it, for `ltc.metrics` (module note)
+            trial.release()
+            run, period = trial.ratios()
+            counters.add_sample("TierTrialRun", run)
+            counters.add_sample("TierTrialPeriod", period)
         if verdict == "quick":
             self._top, self._trial, self._state = None, None, _SLOWER
             counters.counter("TierUpSlower")
@@ -308,6 +319,8 @@ class Tiered(Computation):
 
     def _fail(self, e: BaseException) -> None:
         self._top = None
+        if self._trial is not None:
+            self._trial.release()
         self._trial = None
         self._state = _FAILED
         self._interp = None
@@ -351,6 +364,9 @@ def _switch_back(before: float | None) -> None:
 
 
 _MARGIN = 0.05   # a top tier this much slower than the quick one in the trial is still kept
+# per device context, the trial now running (`_Trial.holds`): dict operations are atomic, and
+# a device's graphs run on its worker or a reader of it, one execution at a time
+_trial_holders: dict[Any, "_Trial"] = {}
 
 
 class _Trial:
@@ -368,11 +384,37 @@ class _Trial:
 
     def __init__(self, ctx: Any, runs: int) -> None:
         self._backend, self._device, self._runs = ctx.backend, ctx.backend_device, runs
+        self._ctx = ctx
+        self._holding = False
+        self._owner_seen: tuple[Any, int] | None = None
         self._n = 0
         self._runs_s: dict[str, list[float]] = {"quick": [], "top": []}
         self._periods: dict[str, list[float]] = {"quick": [], "top": []}
         self._start = 0.0
         self._previous: tuple[str, float] | None = None   # the last timed run: tier, start
+
+    def holds(self) -> bool:
+        """Whether this trial may run now: one trial at a time per device.  A period is the
+        whole step, so two graphs of one step in their trials at once timed each other's tiers
+        (GPT-2's forward and backward graphs: a top tier whose runs took 0.55x the quick
+        tier's lost on a period of 1.99x, the other graph's quick run in it).  A graph whose
+        trial waits runs its quick tier; it takes the turn when the trial holding it has not
+        run since this graph's last execution (that graph is not in this loop: it ended, or
+        its inputs no longer suit its top tier)."""
+        if self._holding:
+            return True
+        owner = _trial_holders.setdefault(self._ctx, self)
+        if owner is not self:
+            seen, self._owner_seen = self._owner_seen, (owner, owner._n)
+            if seen != self._owner_seen:
+                return False
+            _trial_holders[self._ctx] = self
+        self._holding = True
+        return True
+
+    def release(self) -> None:
+        if _trial_holders.get(self._ctx) is self:
+            _trial_holders.pop(self._ctx, None)
 
     def begin(self) -> None:
         """An execution of the graph starts: the period of the previous timed run ends."""
@@ -395,6 +437,10 @@ class _Trial:
             self._runs_s[tier].append(time.perf_counter() - self._start)
             self._previous = (tier, self._start)
         return out
+
+    def ratios(self) -> tuple[float, float]:
+        """The top tier's shortest run and period over the quick tier's (below 1: faster)."""
+        return tuple(min(t["top"]) / max(min(t["quick"]), 1e-9) for t in (self._runs_s, self._periods))
 
     def verdict(self) -> str | None:
         """"top" or "quick" once both tiers have their timed periods, else None.  Each tier's
