@@ -367,6 +367,7 @@ _MARGIN = 0.05   # a top tier this much slower than the quick one in the trial i
 # per device context, the trial now running (`_Trial.holds`): dict operations are atomic, and
 # a device's graphs run on its worker or a reader of it, one execution at a time
 _trial_holders: dict[Any, "_Trial"] = {}
+_IDLE_TRIAL_S = 1.0   # a trial whose graph has not run for this long holds no turn
 
 
 class _Trial:
@@ -400,13 +401,13 @@ class _Trial:
         tier's lost on a period of 1.99x, the other graph's quick run in it).  A graph whose
         trial waits runs its quick tier; it takes the turn when the trial holding it has not
         run since this graph's last execution (that graph is not in this loop: it ended, or
-        its inputs no longer suit its top tier)."""
+        its inputs no longer suit its top tier), or for `_IDLE_TRIAL_S`."""
         if self._holding:
             return True
         owner = _trial_holders.setdefault(self._ctx, self)
         if owner is not self:
             seen, self._owner_seen = self._owner_seen, (owner, owner._n)
-            if seen != self._owner_seen:
+            if seen != self._owner_seen and time.perf_counter() - owner._start < _IDLE_TRIAL_S:
                 return False
             _trial_holders[self._ctx] = self
         self._holding = True
