@@ -29,7 +29,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from ..executor import arena
 from ..executor import graph_executor as gx
 from ..ir.schema import aten_schemas
-from ..tensor import decompositions
+from ..tensor import composites, decompositions
 from ..tensor import dispatch as dispatch_module
 from ..tensor.dispatch import dispatch
 from ..tensor.lazy_tensor import LtcTensor, unwrap, wrap
@@ -489,6 +489,7 @@ def register() -> None:
     storage.patch_jit()            # TorchScript archives and ltc tensors: clear errors
     inplace.patch()
     decompositions.register()      # _pack_padded_sequence: host batch sizes, above autograd
+    composites.register()          # linear, matmul, attention: one node each where autograd records nothing
     collectives.register()         # dist collectives on views write through to the base
     seam.register()                # host tensors written from ltc ones: cpu.copy_(ltc), ...
     running_stats.register()       # batch norm's running stats written through views and aliases
