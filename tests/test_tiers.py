@@ -860,6 +860,55 @@ def test_the_graph_keeps_the_faster_tier(monkeypatch, slower):
     assert ltc.metrics.metric_data("TierTrialPeriod")[0] == 1
 
 
+class _SlowedFirst(_Slowed):
+    """A top tier slowed for its first `n` runs only: a trial held while the machine was busy."""
+
+    def __init__(self, program, delay: float, n: int) -> None:
+        super().__init__(program, delay)
+        self._left = n
+
+    def execute(self, inputs):
+        self._left -= 1
+        return (super().execute if self._left >= 0 else self._program.execute)(inputs)
+
+
+@pytest.mark.parametrize("slowed", ["during_the_first_trial", "always"])
+def test_a_top_tier_dropped_by_its_trial_is_tried_again_later(monkeypatch, slowed):
+    """A trial decides on a few runs; the machine's load comes and goes.  A top tier its trial
+    dropped is tried again later (after `_TRIAL_AGAIN_AFTER` executions, then ten times as many)
+    and kept if it is faster then; one slower every time is dropped three times in all, and
+    never tried again.  Values stay eager's throughout."""
+    from ltc_async.executor import arena, tiers
+    backend = arena.backend()
+    monkeypatch.setattr(config, "tier_trial", 2)
+    monkeypatch.setattr(tiers, "_TRIAL_AGAIN_AFTER", 3)
+    real_top, real_quick = backend.compile_tier, backend.compile
+    # the top tier's first trial (1 warm-up + 2 timed runs) is slowed; the quick tier is
+    # slowed a little throughout, so that an unslowed top tier is clearly faster
+    n = 3 if slowed == "during_the_first_trial" else 10 ** 6
+    monkeypatch.setattr(backend, "compile_tier", lambda *a, **k: _SlowedFirst(real_top(*a, **k), 0.03, n))
+    monkeypatch.setattr(backend, "compile", lambda *a, **k: _Slowed(real_quick(*a, **k), 0.005))
+    x = torch.randn(16, 11, generator=torch.Generator().manual_seed(13))
+    fn = torch.erf if n == 3 else torch.expm1   # a graph of its own per case (of its own skeleton too)
+    lazy = x.to(DEV)
+    ltc.metrics.reset()
+    for k in range(80):
+        torch.testing.assert_close((fn(lazy) * 0.5 + lazy).cpu(), fn(x) * 0.5 + x)
+        if k == 3:
+            assert ltc.debug.wait_compiles(600)
+    again = ltc.metrics.counter_value("TierTrialAgain")
+    dropped = ltc.metrics.counter_value("TierUpSlower")
+    if slowed == "always":    # dropped at its trial, again after 3 and after 30 executions
+        assert (dropped, again) == (3, 2)
+        assert ltc.metrics.metric_data("TierTrialRun")[0] == 3
+    else:                     # kept by its second trial, on the top tier since
+        assert (dropped, again) == (1, 1)
+        runs_before = _counts()["TierUpRun"]
+        torch.testing.assert_close((fn(lazy) * 0.5 + lazy).cpu(), fn(x) * 0.5 + x)
+        assert _counts()["TierUpRun"] == runs_before + 1
+    assert _counts()["TierUpCompile"] == 1 and _counts()["TierUpFailed"] == 0   # built once
+
+
 def test_two_graphs_of_one_step_take_their_trials_in_turn(monkeypatch):
     """A step of two graphs (a training loop that reads its loss every step: the forward, then
     the backward with the update), both built: the trial's periods are whole steps, so the two

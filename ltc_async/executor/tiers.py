@@ -29,8 +29,11 @@ is a `Tiered` wrapper around the quick program:
   reads), so the first executions after a build are a trial (`_Trial`: `config.tier_trial`
   timed runs per tier, alternating, each timed itself -- device work included -- and from
   its start to the start of the graph's next execution -- what the run costs the tracing
-  threads --): a top tier that measures slower in either is dropped (`TierUpSlower`) and the
-  graph stays on the quick tier for good.  A build that
+  threads --): a top tier that measures slower in either is dropped (`TierUpSlower`).  A
+  trial decides on a few runs, on a machine whose load comes and goes (a compiler, another
+  process): a top tier dropped by one is tried again after `_TRIAL_AGAIN_AFTER` more
+  executions (`TierTrialAgain`), and again ten times later, then never; it is not built again.
+  A build that
   fails, or a top-tier program that raises where the quick one does not, leaves the graph on
   the quick tier for good: `TierUpFailed`, one warning naming the graph (an error both tiers
   raise is the inputs' fault: it is raised, the top tier stays);
@@ -42,14 +45,16 @@ compiler thread (`SingleTier`: the Inductor-only conformance run).
 
 Counters `TierUpCompile` (builds finished), `TierUpFailed`, `TierUpRun` (executions on the top
 tier), `TierUpRetried` (a build that met another thread's import of the same modules, queued
-again at the graph's next execution), `TierUpSlower` (a top tier dropped by its trial); metrics
+again at the graph's next execution), `TierUpSlower` (a top tier dropped by its trial),
+`TierTrialAgain` (a dropped top tier's trial repeated); metrics
 `TierUpTime` (build seconds) and, one sample per trial decided, `TierTrialRun` /
 `TierTrialPeriod` (the top tier's shortest run / period over the quick tier's: why a trial
 went the way it did, on a machine where it cannot be profiled).  At exit, queued builds are dropped and a running
 one is cancelled (`_Cancelled`, raised between bytecodes: the interpreter never finalizes
 under a build, and exit waits only for the compiler subprocess or C++ call in progress).
 
-Threads: `_state`, `_streak`, `_last`, `_trial` are touched only by the graph's device worker
+Threads: `_state`, `_streak`, `_last`, `_trial`, `_dropped`, `_again_in`, `_trials` are touched
+only by the graph's device worker
 (a cache entry belongs to one device), except that the tier-up thread sets `_trial` once,
 before `_top`; `_top` is written once by the tier-up thread (cleared by the worker when the
 tier is dropped) and read by the worker (an attribute load).  `_builds` (futures of queued
@@ -207,6 +212,9 @@ class Tiered(Computation):
         self._last: tuple | None = None
         self._top: Any = None
         self._trial: _Trial | None = None
+        self._dropped: Any = None    # a top tier its trial dropped, until it is tried again
+        self._again_in = 0           # executions until then
+        self._trials = 0             # trials decided
         # a skeleton's program (`generic`): the tensor shapes of the first execution of the
         # streak, and the (input position, dim) pairs that differed from them since (`_count`)
         self._generic = generic
@@ -241,7 +249,17 @@ class Tiered(Computation):
                 return out
         elif self._state is _IDLE:
             self._count(inputs)
+        elif self._dropped is not None:
+            self._again_in -= 1
+            if self._again_in <= 0:
+                self._try_again()
         return self.quick.execute(inputs)
+
+    def _try_again(self) -> None:
+        """Give a dropped top tier another trial (module note); its next execution starts it."""
+        counters.counter("TierTrialAgain")
+        self._trial = _Trial(self._ctx, max(1, config.tier_trial))
+        self._top, self._dropped, self._state = self._dropped, None, _READY
 
     def _settle(self, trial: _Trial) -> None:
         """Before a trial execution: once both tiers are timed, keep the faster."""
@@ -251,7 +269,10 @@ class Tiered(Computation):
             run, period = trial.ratios()
             counters.add_sample("TierTrialRun", run)
             counters.add_sample("TierTrialPeriod", period)
+            self._trials += 1
         if verdict == "quick":
+            if self._trials <= _TRIALS_AGAIN:   # kept, to be tried again later
+                self._dropped, self._again_in = self._top, _TRIAL_AGAIN_AFTER * 10 ** (self._trials - 1)
             self._top, self._trial, self._state = None, None, _SLOWER
             counters.counter("TierUpSlower")
         elif verdict == "top":
@@ -318,7 +339,7 @@ class Tiered(Computation):
         self._top = top                                           # reads them in that order
 
     def _fail(self, e: BaseException) -> None:
-        self._top = None
+        self._top = self._dropped = None
         if self._trial is not None:
             self._trial.release()
         self._trial = None
@@ -364,6 +385,8 @@ def _switch_back(before: float | None) -> None:
 
 
 _MARGIN = 0.05   # a top tier this much slower than the quick one in the trial is still kept
+_TRIAL_AGAIN_AFTER = 100   # executions on the quick tier before a dropped top tier's next trial
+_TRIALS_AGAIN = 2          # ... and how many times (after 100, then 1000 executions)
 # per device context, the trial now running (`_Trial.holds`): dict operations are atomic, and
 # a device's graphs run on its worker or a reader of it, one execution at a time
 _trial_holders: dict[Any, "_Trial"] = {}
