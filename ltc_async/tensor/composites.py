@@ -38,6 +38,7 @@ or cuDNN kernels, with their RNG state outputs) is not mirrored: autograd gets t
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -57,8 +58,17 @@ _below_autograd = torch._C._AutoDispatchBelowAutograd
 aten = torch.ops.aten
 
 
+def _decomposition(op: Any) -> Callable[..., Any]:
+    """`op.decompose`, bound once: the op's composite kernel (what the dispatcher runs for it
+    without this module).  `OpOverload.decompose` looks the kernel up by name every call: 3 us."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    if key in op.py_kernels:
+        return op.py_kernels[key]
+    return functools.partial(op._op_dk, key)
+
+
 def _whole(op: Any, takes_dropout: bool = False) -> Callable[..., Any]:
-    decompose = op.decompose
+    decompose = _decomposition(op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if _dispatch_modes() or _fwd_ad._current_level >= 0 or \
@@ -117,7 +127,7 @@ def _cpu_picks_flash(q: Any, k: Any, v: Any, mask: Any, is_causal: bool, scale: 
 
 def _attention() -> Callable[..., Any]:
     op = aten.scaled_dot_product_attention.default
-    decompose = op.decompose
+    decompose = _decomposition(op)
     flash = aten._scaled_dot_product_flash_attention_for_cpu.default
     records_nothing = _whole(op, takes_dropout=True)
 
