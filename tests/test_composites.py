@@ -8,6 +8,7 @@ forward-mode AD, a FlopCounterMode, and errors at the line that made them.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -234,3 +235,29 @@ def test_a_bad_call_raises_eagers_error_at_its_line(call):
     with torch.no_grad():   # the device is usable afterwards
         torch.testing.assert_close(F.linear(torch.ones(2, 3).to(DEV), torch.ones(4, 3).to(DEV)).cpu(),
                                    torch.full((2, 4), 3.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "fp64"])
+def test_the_cpu_kernel_choice_is_eagers_on_small_stand_ins(dtype):
+    """The CPU's choice between flash attention and the math path is asked on stand-ins one row
+    of memory large (a large model's full-size stand-ins would take hundreds of megabytes):
+    the same choice as on the call's tensors, over head sizes, masks, GQA, layouts, grads."""
+    from ltc_async.tensor.composites import _layout, _stand_in
+    picks = set()
+    for (b, h, q_len, kv_len, e), grad, mask, gqa, transposed in itertools.product(
+            [(2, 4, 5, 7, 16), (1, 8, 1, 9, 64), (2, 4, 5, 7, 300)], [False, True],
+            [None, "bool", "float"], [False, True], [False, True]):
+        kv_heads = h // 2 if gqa else h
+        q = torch.randn(b, h, q_len, e).to(dtype)
+        if transposed:
+            q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+        q.requires_grad_(grad)
+        k, v = torch.randn(b, kv_heads, kv_len, e).to(dtype), torch.randn(b, kv_heads, kv_len, e).to(dtype)
+        m = {None: None, "bool": torch.ones(q_len, kv_len, dtype=torch.bool),
+             "float": torch.randn(b, 1, q_len, kv_len).to(dtype)}[mask]
+        want = torch._fused_sdp_choice(q, k, v, m, 0.0, False, scale=None, enable_gqa=gqa)
+        got = torch._fused_sdp_choice(*(_stand_in(_layout(t)) for t in (q, k, v, m)), 0.0, False,
+                                      scale=None, enable_gqa=gqa)
+        assert got == want
+        picks.add(want)
+    assert picks == {0, 1}   # both paths were chosen somewhere: math (0) and flash (1)

@@ -106,10 +106,17 @@ def _layout(t: Any) -> tuple | None:
 
 
 def _stand_in(layout: tuple | None) -> torch.Tensor | None:
+    """A CPU tensor of `layout`'s sizes, dtype and last stride, over one row of memory: the
+    choice reads no more (sizes, dtypes, the last dim's stride, requires_grad), and a full-size
+    stand-in of a large model's attention would allocate hundreds of megabytes."""
     if layout is None:
         return None
     shape, stride, dtype, requires_grad = layout
-    return torch.empty_strided(shape, stride, dtype=dtype).requires_grad_(requires_grad)
+    if not shape:
+        return torch.empty((), dtype=dtype).requires_grad_(requires_grad)
+    n, last = shape[-1], stride[-1]
+    row = torch.empty((n - 1) * last + 1 if n else 0, dtype=dtype)
+    return row.as_strided(shape, (0,) * (len(shape) - 1) + (last,)).requires_grad_(requires_grad)
 
 
 def _cpu_picks_flash(q: Any, k: Any, v: Any, mask: Any, is_causal: bool, scale: Any, gqa: bool) -> bool:
