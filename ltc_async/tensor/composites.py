@@ -9,10 +9,10 @@ On tiny Llama's token-by-token `generate()` (no grad), measured per call on the 
 
 | op (a 1-token step) | parts traced | us per call, decomposed | traced whole |
 |---|---|---:|---:|
-| `F.linear` of a 3-d input | `view_copy`, `t_copy`, `mm`, `_unsafe_view` | 37 | 10 |
-| `F.scaled_dot_product_attention` | 15 (the math path: `mul`, `expand_copy`, `view_copy`, `bmm`, `_safe_softmax`, ...) | 120 | 21 |
+| `F.linear` of a 3-d input | `view_copy`, `t_copy`, `mm`, `_unsafe_view` | 37 | 9 |
+| `F.scaled_dot_product_attention` | 15 (the math path: `mul`, `expand_copy`, `view_copy`, `bmm`, `_safe_softmax`, ...) | 119 | 17 |
 
-(an elementwise `x + x` costs 6).  And the attention's whole node runs as eager runs it: the
+(an elementwise `x + x` costs 6; `benchmarks/README.md`, "Composite ops traced whole").  And the attention's whole node runs as eager runs it: the
 device's own kernel (CPU's flash attention, CUDA's choice of kernels), where its parts were the
 math path that no device picks for eager.
 
@@ -33,7 +33,8 @@ decomposition's ~15 forward and ~20 backward ops, and values that drift from eag
 training (a causal attention block under AdamW: 7e-4 after 3 steps).  Here the CPU's own
 choice is asked on CPU stand-ins of the call (cached per signature, with the user's
 `sdpa_kernel` switches), and where it picks flash attention the call becomes that op with the
-mask converted as ATen converts it.  On a CUDA-backed device the choice (flash, memory-efficient
+mask converted as ATen converts it.  (`_choices` is a plain dict: two threads meeting a new
+signature at once both ask, and store the same answer.)  On a CUDA-backed device the choice (flash, memory-efficient
 or cuDNN kernels, with their RNG state outputs) is not mirrored: autograd gets the decomposition.
 """
 from __future__ import annotations
