@@ -261,3 +261,35 @@ def test_the_cpu_kernel_choice_is_eagers_on_small_stand_ins(dtype):
         assert got == want
         picks.add(want)
     assert picks == {0, 1}   # both paths were chosen somewhere: math (0) and flash (1)
+
+
+def test_torch_func_transforms_over_linear_and_attention_match_eager():
+    """`torch.func.grad`, `vmap` and `jacrev` over the composites: PyTorch's decomposition, as
+    before (inside a transform no tensor may be made to require grad, which the CPU kernel
+    choice's stand-ins did)."""
+    x, w, b = torch.randn(3, 5, generator=G(1)), torch.randn(4, 5, generator=G(2)), torch.randn(4, generator=G(3))
+    q = torch.randn(2, 2, 3, 8, generator=G(4))
+
+    def run(dev):
+        xd, wd, bd, qd = (t.to(dev) for t in (x, w, b, q))
+        return [*torch.func.grad(lambda x, w, b: (F.linear(x, w, b).tanh() ** 2).sum(), argnums=(0, 1, 2))(xd, wd, bd),
+                torch.func.grad(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True).pow(2).sum())(qd),
+                torch.func.vmap(lambda r: F.linear(r, wd, bd))(xd.unsqueeze(1)),
+                torch.func.jacrev(lambda r: torch.matmul(wd, r))(xd[0])]
+    for got, want in zip(run(DEV), run("cpu")):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_an_eval_transformer_layer_and_multihead_attention_match_eager():
+    y = torch.randn(2, 5, 8, generator=G(5))
+    outs = []
+    for dev in ("cpu", DEV):
+        torch.manual_seed(0)
+        mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval().to(dev)
+        torch.manual_seed(0)
+        enc = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0).eval().to(dev)
+        with torch.no_grad():
+            yd = y.to(dev)
+            outs.append([mha(yd, yd, yd)[0].cpu(), enc(yd).cpu()])
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, want)

@@ -17,9 +17,9 @@ device's own kernel (CPU's flash attention, CUDA's choice of kernels), where its
 math path that no device picks for eager.
 
 So these ops get a kernel for `AutogradPrivateUse1` (only ltc tensors reach it): when autograd
-has nothing to record (no grad mode or no input requiring grad, no forward-AD level), the op
-goes below autograd whole -- through functionalization to the op path, one node.  Otherwise,
-and under a Python dispatch mode (which must see what it sees in eager: `FlopCounterMode`
+has nothing to record (no grad mode or no input requiring grad, no forward-AD level, no
+`torch.func` transform), the op goes below autograd whole -- through functionalization to the
+op path, one node.  Otherwise, and under a Python dispatch mode (which must see what it sees in eager: `FlopCounterMode`
 counts `mm`, selective checkpointing records the parts), it takes PyTorch's decomposition,
 as before.  An attention with dropout draws random numbers inside the device's kernel, which
 the lazy RNG could not replay: it is decomposed too.  The Inductor tier gets the parts anyway:
@@ -53,6 +53,7 @@ from .trace import trace
 
 _fwd_ad = torch.autograd.forward_ad
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_level = torch._C._functorch.peek_interpreter_stack   # `torch.func` transforms
 _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
 _below_autograd = torch._C._AutoDispatchBelowAutograd
@@ -72,7 +73,7 @@ def _whole(op: Any, takes_dropout: bool = False) -> Callable[..., Any]:
     decompose = _decomposition(op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        if _dispatch_modes() or _fwd_ad._current_level >= 0 or \
+        if _dispatch_modes() or _fwd_ad._current_level >= 0 or _functorch_level() is not None or \
                 (takes_dropout and _dropout(args, kwargs)):
             return decompose(*args, **kwargs)
         if _grad_enabled():
@@ -146,7 +147,8 @@ def _attention() -> Callable[..., Any]:
         if not _grad_enabled() or _dispatch_modes() or _fwd_ad._current_level >= 0 or dropout_p != 0.0 \
                 or not any(isinstance(t, _Tensor) and t.requires_grad for t in args):
             return records_nothing(*args, **kwargs)
-        if query.device.type != "ltc" or arena.get(query.device).backend_device.type != "cpu" or \
+        if query.device.type != "ltc" or _functorch_level() is not None or \
+                arena.get(query.device).backend_device.type != "cpu" or \
                 not _cpu_picks_flash(query, key, value, attn_mask, is_causal, scale, enable_gqa):
             return decompose(*args, **kwargs)
         if attn_mask is not None and attn_mask.dtype == torch.bool:   # ATen's conversion
