@@ -12,18 +12,19 @@ On tiny Llama's token-by-token `generate()` (no grad), measured per call on the 
 | `F.linear` of a 3-d input | `view_copy`, `t_copy`, `mm`, `_unsafe_view` | 37 | 9 |
 | `F.scaled_dot_product_attention` | 15 (the math path: `mul`, `expand_copy`, `view_copy`, `bmm`, `_safe_softmax`, ...) | 119 | 17 |
 
-(an elementwise `x + x` costs 6; `benchmarks/README.md`, "Composite ops traced whole").  And the attention's whole node runs as eager runs it: the
-device's own kernel (CPU's flash attention, CUDA's choice of kernels), where its parts were the
-math path that no device picks for eager.
+(an elementwise `x + x` costs 6; `benchmarks/README.md`, "Composite ops traced whole").  And
+the attention's whole node runs as eager runs it: the device's own kernel (CPU's flash
+attention, CUDA's choice of kernels), where its parts were the math path that no device picks
+for eager.
 
 So these ops get a kernel for `AutogradPrivateUse1` (only ltc tensors reach it): when autograd
 has nothing to record (no grad mode or no input requiring grad, no forward-AD level, no
 `torch.func` transform), the op goes below autograd whole -- through functionalization to the
-op path, one node.  Otherwise, and under a Python dispatch mode (which must see what it sees in eager: `FlopCounterMode`
-counts `mm`, selective checkpointing records the parts), it takes PyTorch's decomposition,
-as before.  An attention with dropout draws random numbers inside the device's kernel, which
-the lazy RNG could not replay: it is decomposed too.  The Inductor tier gets the parts anyway:
-its `make_fx` trace decomposes composite ops as `torch.compile`'s would.
+op path, one node.  Otherwise, and under a Python dispatch mode (which must see what it sees
+in eager: `FlopCounterMode` counts `mm`, selective checkpointing records the parts), it takes
+PyTorch's decomposition, as before.  An attention with dropout draws random numbers inside the
+device's kernel, which the lazy RNG could not replay: it is decomposed too.  The Inductor tier
+gets the parts anyway: its `make_fx` trace decomposes composite ops as `torch.compile`'s would.
 
 An attention autograd records takes, on a CPU-backed device, the op eager's CPU takes: ATen
 asks the device for its fused kernel (`_fused_sdp_choice`), and on the CPU that is
@@ -34,8 +35,9 @@ training (a causal attention block under AdamW: 7e-4 after 3 steps).  Here the C
 choice is asked on CPU stand-ins of the call (cached per signature, with the user's
 `sdpa_kernel` switches), and where it picks flash attention the call becomes that op with the
 mask converted as ATen converts it.  (`_choices` is a plain dict: two threads meeting a new
-signature at once both ask, and store the same answer.)  On a CUDA-backed device the choice (flash, memory-efficient
-or cuDNN kernels, with their RNG state outputs) is not mirrored: autograd gets the decomposition.
+signature at once both ask, and store the same answer.)  On a CUDA-backed device the choice
+(flash, memory-efficient or cuDNN kernels, with their RNG state outputs) is not mirrored:
+autograd gets the decomposition.
 """
 from __future__ import annotations
 
@@ -48,14 +50,13 @@ import torch
 from ..base import counters
 from ..executor import arena
 from ..ir.schema import op_info
+from .decompositions import records_autograd
 from .dispatch import register_handlers
 from .trace import trace
 
 _fwd_ad = torch.autograd.forward_ad
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_level = torch._C._functorch.peek_interpreter_stack   # `torch.func` transforms
-_grad_enabled = torch.is_grad_enabled
-_Tensor = torch.Tensor
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 aten = torch.ops.aten
 
@@ -69,29 +70,21 @@ def _decomposition(op: Any) -> Callable[..., Any]:
     return functools.partial(op._op_dk, key)
 
 
-def _whole(op: Any, takes_dropout: bool = False) -> Callable[..., Any]:
+def _seen_in_parts() -> bool:
+    """A Python dispatch mode, a forward-AD level or a `torch.func` transform: the call takes
+    PyTorch's decomposition, as in eager (module note)."""
+    return bool(_dispatch_modes()) or _fwd_ad._current_level >= 0 or _functorch_level() is not None
+
+
+def _whole(op: Any) -> Callable[..., Any]:
     decompose = _decomposition(op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        if _dispatch_modes() or _fwd_ad._current_level >= 0 or _functorch_level() is not None or \
-                (takes_dropout and _dropout(args, kwargs)):
+        if _seen_in_parts() or records_autograd(args) or records_autograd(kwargs.values()):
             return decompose(*args, **kwargs)
-        if _grad_enabled():
-            for a in args:
-                if isinstance(a, _Tensor) and a.requires_grad:
-                    return decompose(*args, **kwargs)
-            for a in kwargs.values():
-                if isinstance(a, _Tensor) and a.requires_grad:
-                    return decompose(*args, **kwargs)
         with _below_autograd():
             return op(*args, **kwargs)
     return kernel
-
-
-def _dropout(args: tuple, kwargs: dict) -> bool:
-    """Whether an attention call asks for dropout (`dropout_p`, the fifth argument)."""
-    p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-    return p != 0.0
 
 
 # -- attention recorded by autograd: the CPU's fused kernel --------------------------------------
@@ -138,17 +131,17 @@ def _attention() -> Callable[..., Any]:
     op = aten.scaled_dot_product_attention.default
     decompose = _decomposition(op)
     flash = aten._scaled_dot_product_flash_attention_for_cpu.default
-    records_nothing = _whole(op, takes_dropout=True)
 
     def kernel(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                is_causal: bool = False, *, scale: Any = None, enable_gqa: bool = False) -> Any:
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         kwargs = {"scale": scale, "enable_gqa": enable_gqa}
-        if not _grad_enabled() or _dispatch_modes() or _fwd_ad._current_level >= 0 or dropout_p != 0.0 \
-                or not any(isinstance(t, _Tensor) and t.requires_grad for t in args):
-            return records_nothing(*args, **kwargs)
-        if query.device.type != "ltc" or _functorch_level() is not None or \
-                arena.get(query.device).backend_device.type != "cpu" or \
+        if _seen_in_parts() or dropout_p != 0.0:   # dropout: drawn by the lazy generator
+            return decompose(*args, **kwargs)
+        if not records_autograd(args):
+            with _below_autograd():
+                return op(*args, **kwargs)
+        if query.device.type != "ltc" or arena.get(query.device).backend_device.type != "cpu" or \
                 not _cpu_picks_flash(query, key, value, attn_mask, is_causal, scale, enable_gqa):
             return decompose(*args, **kwargs)
         if attn_mask is not None and attn_mask.dtype == torch.bool:   # ATen's conversion

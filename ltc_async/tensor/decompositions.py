@@ -186,7 +186,9 @@ def _write(targets: list, inner: list[LtcTensor], outs: list) -> None:
     write(targets, outs, layouts=[i._m for i in inner])
 
 
-def _records_autograd(full: list) -> bool:
+def records_autograd(full: Any) -> bool:
+    """Whether autograd records a call with these arguments (tensors, or lists of them): grad
+    mode and an input requiring grad, or a forward-AD level.  (`composites.py` too.)"""
     if _fwd_ad._current_level >= 0:
         return True
     if not torch.is_grad_enabled():
@@ -215,7 +217,7 @@ def _inplace_foreach_kernel(inplace: Any, functional: Any) -> Callable[..., None
         full = info.bind(args, kwargs)
         inner = _inner_args(info, full) if _dispatch_modes() == 0 else None
         if inner is not None:
-            if not _records_autograd(full):
+            if not records_autograd(full):
                 meta_check(inplace, info, inner)   # what functionalization checks first
                 fargs, fkwargs = info.split(inner)
                 outs = dispatch(functional, tuple(fargs), fkwargs)
